@@ -1,0 +1,20 @@
+"""lightning_ort: PyTorch Lightning training through ONNX Runtime's ORTModule."""
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_ort.errors import ORTFallbackError, ORTSetupError, ORTUnsupportedModelError
+from lightning_ort.guard import ORTModuleReport
+from lightning_ort.strategy import ORTStrategy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ORTFallbackError",
+    "ORTModuleReport",
+    "ORTSetupError",
+    "ORTStrategy",
+    "ORTUnsupportedModelError",
+    "__version__",
+]
+
+ORTStrategy.register_strategies(StrategyRegistry)

@@ -1,0 +1,23 @@
+"""Everything that touches ONNX Runtime's internals lives here.
+
+The rest of lightning_ort talks to :func:`wrap_module` and :class:`ORTRuntimeOptions`; ORT's
+environment variables, private attributes and torch compatibility shims stay inside this package.
+"""
+
+from lightning_ort._compat.batchnorm import advance_batch_counters, batch_counters
+from lightning_ort._compat.flavour import check_device, check_installation
+from lightning_ort._compat.loader import ort_module_class, ortmodule_package
+from lightning_ort._compat.runtime import ORTRuntimeOptions, exported_model, set_training_flag, wrap_module
+
+__all__ = [
+    "ORTRuntimeOptions",
+    "advance_batch_counters",
+    "batch_counters",
+    "check_device",
+    "check_installation",
+    "exported_model",
+    "ort_module_class",
+    "ortmodule_package",
+    "set_training_flag",
+    "wrap_module",
+]

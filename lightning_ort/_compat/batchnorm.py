@@ -1,0 +1,92 @@
+"""BatchNorm inside ORT graphs with PyTorch's running-statistics semantics.
+
+ONNX's BatchNormalization (what the exporter emits) updates ``running_var`` with the biased batch
+variance and cannot advance ``num_batches_tracked``; PyTorch uses the unbiased variance and counts
+batches. ORT's training graph also turns eval-mode BatchNormalization nodes into training-mode ones.
+We therefore export ``batch_norm`` with running statistics as an ATen node that ORT runs with
+torch's own ``native_batch_norm`` kernel, which updates the running statistics in place exactly as
+eager PyTorch does, and give ORT the matching ``native_batch_norm_backward`` gradient.
+``num_batches_tracked`` is advanced by lightning_ort after each ORT training step (see
+:func:`advance_batch_counters`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset14
+
+
+def batch_norm_symbolic(
+    g: Any,
+    input: Any,
+    weight: Any,
+    bias: Any,
+    running_mean: Any,
+    running_var: Any,
+    training: Any,
+    momentum: Any,
+    eps: Any,
+    cudnn_enabled: Any,
+) -> Any:
+    # Eval-mode layers go through ATen too: ORT's training graph rewrites every ONNX
+    # BatchNormalization into its training-mode kernel, which would ignore the running statistics.
+    if running_mean is None or symbolic_helper._is_none(running_mean):
+        return symbolic_opset14.batch_norm(
+            g, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled
+        )
+    weight, bias, running_mean, running_var = symbolic_helper._batchnorm_helper(
+        g, input, weight, bias, running_mean, running_var
+    )
+    return g.op(
+        "org.pytorch.aten::ATen",
+        input,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        training,
+        g.op("Cast", momentum, to_i=1),
+        g.op("Cast", eps, to_i=1),
+        operator_s="native_batch_norm",
+        outputs=3,
+    )[0]
+
+
+def native_batch_norm_gradient() -> list[Any]:
+    return [
+        ("Constant", [], ["Const_Mask"], {"value": {"value": [True, True, True], "dtype": "bool", "is_tensor": True}}),
+        (
+            ("ATen", "org.pytorch.aten"),
+            ["GO(0)", "I(0)", "I(1)", "I(3)", "I(4)", "O(1)", "O(2)", "I(5)", "I(7)", "Const_Mask"],
+            ["GI(0)", "GI(1)", "GI(2)"],
+            {"operator": {"value": "native_batch_norm_backward", "dtype": "string"}},
+        ),
+    ]
+
+
+def register() -> None:
+    """Register the symbolic and its gradient with ORT's registries (applied at each ORTModule creation)."""
+    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    CustomOpSymbolicRegistry.register("batch_norm", "", batch_norm_symbolic)
+    CustomGradientRegistry.register("org.pytorch.aten", "ATen", ("native_batch_norm", ""), native_batch_norm_gradient)
+
+
+def batch_counters(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:
+    """BatchNorm layers of ``module`` whose ``num_batches_tracked`` an ORT graph cannot advance."""
+    return [
+        layer
+        for layer in module.modules()
+        if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and layer.num_batches_tracked is not None
+    ]
+
+
+def advance_batch_counters(layers: list[torch.nn.modules.batchnorm._BatchNorm]) -> None:
+    """Do what ``_BatchNorm.forward`` does in Python for each training-mode layer ORT just ran."""
+    with torch.no_grad():
+        for layer in layers:
+            if layer.training and layer.track_running_stats:
+                layer.num_batches_tracked.add_(1)

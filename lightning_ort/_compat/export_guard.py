@@ -1,0 +1,162 @@
+"""What lightning_ort checks and restores around ORT's ONNX export of a module."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.onnx import TrainingMode
+
+from lightning_ort.errors import ORTUnsupportedModelError
+
+# TorchScript tracing records one path through Python control flow that reads tensor values, and
+# freezes such values as constants: the ORT graph would then compute something else than the module.
+_UNSAFE_TRACER_PHRASES = (
+    "might cause the trace to be incorrect",
+    "registered as constants in the trace",
+    "trace might not generalize",
+)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
+
+
+def _is_unsafe_tracer_warning(record: warnings.WarningMessage) -> bool:
+    # torch's own modules convert tensors to Python values only to validate inputs
+    # (e.g. BatchNorm's batch-size check); the user's code is what can branch on data.
+    if not issubclass(record.category, torch.jit.TracerWarning) or record.filename.startswith(_TORCH_DIR):
+        return False
+    text = str(record.message)
+    return any(phrase in text for phrase in _UNSAFE_TRACER_PHRASES)
+
+
+@contextlib.contextmanager
+def _record_autograd_functions() -> Iterator[list[type]]:
+    """Record every custom ``torch.autograd.Function`` applied inside the block."""
+    seen: list[type] = []
+    function_cls = torch.autograd.Function
+    original = function_cls.__dict__["apply"]
+
+    @functools.wraps(original.__func__)
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        # ORT applies identity Functions of its own while exporting; those export correctly.
+        if cls not in seen and not cls.__module__.startswith("onnxruntime."):
+            seen.append(cls)
+        return original.__func__(cls, *args, **kwargs)
+
+    function_cls.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
+    try:
+        yield seen
+    finally:
+        function_cls.apply = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _torchscript_exporter() -> Iterator[None]:
+    """Inside the block ``torch.onnx.export`` uses the TorchScript exporter, which ORT 1.19 expects."""
+    original = torch.onnx.export
+
+    @functools.wraps(original)
+    def export(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("dynamo", False)
+        model = args[0] if args else kwargs.get("model")
+        requested = kwargs.get("training")
+        # TRAINING/EVAL make the exporter call model.train(mode) recursively, which would trace (and
+        # afterwards leave) a frozen eval-mode BatchNorm or Dropout in training mode. When the top
+        # module is already in the requested mode, PRESERVE keeps every submodule's own mode.
+        if isinstance(model, torch.nn.Module) and requested in (TrainingMode.TRAINING, TrainingMode.EVAL):
+            if model.training == (requested == TrainingMode.TRAINING):
+                kwargs["training"] = TrainingMode.PRESERVE
+        return original(*args, **kwargs)
+
+    torch.onnx.export = export  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.onnx.export = original
+
+
+def _batch_norm_state(module: torch.nn.Module) -> tuple[set[int], list[str]]:
+    """Ids of BatchNorm buffers lightning_ort keeps in step with eager, and layers it cannot."""
+    handled: set[int] = set()
+    unsupported: list[str] = []
+    for name, layer in module.named_modules():
+        if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and layer.track_running_stats:
+            if layer.momentum is None:
+                unsupported.append(name or type(layer).__name__)
+            handled.update(id(buffer) for buffer in layer.buffers(recurse=False))
+    return handled, unsupported
+
+
+@contextlib.contextmanager
+def _preserved_buffers(module: torch.nn.Module) -> Iterator[list[str]]:
+    """Undo buffer updates made by the forward runs the export does; list the buffers they changed.
+
+    BatchNorm statistics are updated correctly inside the ORT graph (see ``batchnorm.py``); any
+    other buffer a forward writes in place would silently stop being updated under ORT.
+    """
+    saved = [(name, buffer, buffer.detach().clone()) for name, buffer in module.named_buffers()]
+    changed: list[str] = []
+    try:
+        yield changed
+    finally:
+        with torch.no_grad():
+            for name, buffer, value in saved:
+                if not torch.equal(buffer, value):
+                    changed.append(name)
+                buffer.copy_(value)
+        handled, _ = _batch_norm_state(module)
+        by_name = dict(module.named_buffers())
+        changed[:] = [name for name in changed if id(by_name[name]) not in handled]
+
+
+@contextlib.contextmanager
+def guarded_export(module: torch.nn.Module) -> Iterator[None]:
+    """Run ORT's export of ``module`` safely.
+
+    The export uses the TorchScript exporter, leaves the module's buffers as they were, and is
+    rejected with :class:`ORTUnsupportedModelError` when the module applies a custom
+    ``torch.autograd.Function`` (ORT would differentiate its forward and ignore its backward) or
+    takes data-dependent Python branches (the trace would freeze one branch).
+    """
+    _, cumulative_batch_norms = _batch_norm_state(module)
+    if cumulative_batch_norms:
+        raise ORTUnsupportedModelError(
+            f"BatchNorm layer(s) {', '.join(cumulative_batch_norms)} use momentum=None (cumulative average), "
+            "whose factor depends on num_batches_tracked and would be frozen into the ONNX graph"
+        )
+    with contextlib.ExitStack() as stack:
+        mutated = stack.enter_context(_preserved_buffers(module))
+        stack.enter_context(_torchscript_exporter())
+        functions = stack.enter_context(_record_autograd_functions())
+        records = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        yield
+    for record in records:
+        # The exporter's own deprecation and graph-rewrite notes are about ORT's export call, not the user's code.
+        if not issubclass(record.category, torch.jit.TracerWarning) and not record.filename.startswith(_ONNX_DIR):
+            warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
+    if functions:
+        names = ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in functions)
+        raise ORTUnsupportedModelError(
+            f"it applies custom torch.autograd.Function(s) {names}; ORT would differentiate their forward "
+            "and ignore their custom backward, so lightning_ort does not run such modules in ORT yet"
+        )
+    if mutated:
+        raise ORTUnsupportedModelError(
+            f"its forward updates buffer(s) {', '.join(mutated)} in place; an ONNX graph cannot write to "
+            "buffers, so they would silently stop changing under ORT"
+        )
+    unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
+    if unsafe:
+        first = unsafe[0]
+        raise ORTUnsupportedModelError(
+            "its forward has Python control flow or values that depend on tensor data, which the ONNX "
+            f"export would freeze ({first.filename}:{first.lineno}: {first.message})"
+        )

@@ -1,0 +1,81 @@
+"""Import ``onnxruntime.training.ortmodule`` on a modern torch, once per process."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import sys
+import types
+from collections.abc import Iterator
+
+from lightning_ort._compat import extensions
+from lightning_ort._compat.flavour import check_installation
+from lightning_ort._compat.nvtx import install_cpu_nvtx
+from lightning_ort._compat.torch_onnx import install_torch_onnx_aliases
+from lightning_ort.errors import ORTSetupError
+
+_ORTMODULE = "onnxruntime.training.ortmodule"
+
+
+@contextlib.contextmanager
+def _scoped_env(**values: str) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+@functools.cache
+def ortmodule_package() -> types.ModuleType:
+    """Return ``onnxruntime.training.ortmodule``, made importable and usable on this torch."""
+    check_installation()
+    install_torch_onnx_aliases()
+    install_cpu_nvtx()
+    extensions.register_extensions()
+    # A failed earlier import (e.g. by `import onnxruntime.training` before the aliases existed)
+    # leaves nothing behind in sys.modules, so this import starts clean.
+    # Custom autograd.Function support needs torch_interop_utils, which we do not build yet: ORT
+    # reads this switch once, when `_custom_autograd_function` is first imported.
+    with _scoped_env(ORTMODULE_ENABLE_CUSTOM_AUTOGRAD="0"):
+        try:
+            package = importlib.import_module(_ORTMODULE)
+            importlib.import_module(f"{_ORTMODULE}._custom_autograd_function")
+        except ImportError as err:
+            raise ORTSetupError(
+                f"onnxruntime.training.ortmodule failed to import on torch {_torch_version()}: {err}. "
+                "Fix: install the torch and onnxruntime-training versions listed in lightning_ort's README."
+            ) from err
+    # ORT looks for its extensions only inside site-packages; ours live in the cache and are registered.
+    init_error = package._FALLBACK_INIT_EXCEPTION
+    if init_error is not None and "extensions were not detected" in str(init_error):
+        package._FALLBACK_INIT_EXCEPTION = None
+    elif init_error is not None:
+        raise ORTSetupError(f"ORTModule cannot start: {init_error}")
+    from lightning_ort._compat import patches
+
+    patches.install()
+    return package
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def ort_module_class() -> type:
+    """The ``ORTModule`` class, importable on this torch."""
+    return ortmodule_package().ORTModule
+
+
+def is_loaded() -> bool:
+    """Whether ORT's training frontend was imported in this process."""
+    return ortmodule_package.cache_info().currsize > 0 and _ORTMODULE in sys.modules

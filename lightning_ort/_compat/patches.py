@@ -1,0 +1,70 @@
+"""Class-level hooks into ORTModule 1.19.2, installed once when ORT is first loaded."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from lightning_ort._compat.export_guard import guarded_export
+
+# Per-instance session settings are stored on ORT's execution managers under this attribute.
+SESSION_ENTRIES_ATTR = "_lightning_ort_session_entries"
+INTRA_OP_THREADS_ATTR = "_lightning_ort_intra_op_threads"
+
+
+def _wrap_export() -> None:
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager
+
+    original = GraphTransitionManager.__dict__["_export_model"].__func__
+
+    @functools.wraps(original)
+    def _export_model(*args: Any, **kwargs: Any) -> Any:
+        with guarded_export(kwargs["flattened_module"]):
+            return original(*args, **kwargs)
+
+    GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
+
+
+def _wrap_session_config() -> None:
+    from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
+
+    original = GraphExecutionManager._get_session_config
+
+    @functools.wraps(original)
+    def _get_session_config(self: Any) -> Any:
+        session_options, providers, provider_options = original(self)
+        for key, value in getattr(self, SESSION_ENTRIES_ATTR, {}).items():
+            session_options.add_session_config_entry(key, value)
+        threads = getattr(self, INTRA_OP_THREADS_ATTR, None)
+        if threads is not None:
+            session_options.intra_op_num_threads = threads
+        return session_options, providers, provider_options
+
+    GraphExecutionManager._get_session_config = _get_session_config  # type: ignore[method-assign]
+
+
+def _skip_gpu_allocator_without_cuda_provider() -> None:
+    """ORT imports its CUDA allocator extension whenever torch sees a GPU, even for a CPU model and a
+    CPU-only ORT build, and fails. Without ORT's CUDA provider there is nothing to hand it to."""
+    import onnxruntime
+    from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        return
+
+    def _get_torch_gpu_allocator_function_addresses(self: Any) -> None:
+        return None
+
+    GraphExecutionManager._get_torch_gpu_allocator_function_addresses = (  # type: ignore[method-assign]
+        _get_torch_gpu_allocator_function_addresses
+    )
+
+
+def install() -> None:
+    """Install all hooks (called once by the loader)."""
+    from lightning_ort._compat import batchnorm
+
+    batchnorm.register()
+    _wrap_export()
+    _wrap_session_config()
+    _skip_gpu_allocator_without_cuda_provider()

@@ -1,0 +1,96 @@
+"""Build ORTModule instances from lightning_ort's typed options."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+import torch
+
+from lightning_ort._compat.loader import ortmodule_package
+from lightning_ort._compat.patches import INTRA_OP_THREADS_ATTR, SESSION_ENTRIES_ATTR
+
+
+@dataclass(frozen=True)
+class ORTRuntimeOptions:
+    """Settings applied to every ORTModule that lightning_ort creates.
+
+    Args:
+        log_level: ORT's log level name (``VERBOSE``, ``INFO``, ``WARNING``, ``ERROR``, ``FATAL``).
+        intra_op_num_threads: threads of ORT's intra-op pool; ``None`` lets ORT choose.
+        allow_spinning: whether idle ORT threads spin (fast hand-off, but they compete with torch's threads).
+        session_config: extra ``SessionOptions.add_session_config_entry`` items.
+    """
+
+    log_level: str = "WARNING"
+    intra_op_num_threads: int | None = None
+    allow_spinning: bool = False
+    session_config: dict[str, str] = field(default_factory=dict)
+
+    def session_entries(self) -> dict[str, str]:
+        entries = {"session.intra_op.allow_spinning": "1" if self.allow_spinning else "0"}
+        entries.update(self.session_config)
+        return entries
+
+
+@contextlib.contextmanager
+def _fallback_disabled(package: Any) -> Iterator[None]:
+    """ORT's own fallback would silently run PyTorch; lightning_ort decides about fallback itself."""
+    from onnxruntime.training.ortmodule._fallback import _FallbackPolicy
+
+    saved = package.ORTMODULE_FALLBACK_POLICY
+    package.ORTMODULE_FALLBACK_POLICY = _FallbackPolicy.FALLBACK_DISABLE
+    try:
+        yield
+    finally:
+        package.ORTMODULE_FALLBACK_POLICY = saved
+
+
+def _execution_managers(ort_module: torch.nn.Module) -> tuple[Any, Any]:
+    factory = ort_module._torch_module._execution_manager
+    return factory(True), factory(False)
+
+
+def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn.Module:
+    """Return an ORTModule around ``module`` configured by ``options``.
+
+    Raises whatever ORT raises at construction; export errors surface on the first forward.
+    """
+    package = ortmodule_package()
+    debug_options = package.DebugOptions(log_level=package.LogLevel[options.log_level])
+    modes = {submodule: submodule.training for submodule in module.modules()}
+    with _fallback_disabled(package):
+        ort_module = package.ORTModule(module, debug_options)
+    for submodule, mode in modes.items():  # ORTModule.__init__ calls train() recursively
+        submodule.training = mode
+    if getattr(ort_module, "_torch_module", None) is None or not hasattr(
+        ort_module._torch_module, "_execution_manager"
+    ):
+        # ORT switched to its PyTorch backend during construction; surface why.
+        raise RuntimeError(f"ORTModule could not be created: {ort_module._fallback_manager._exception}")
+    for manager in _execution_managers(ort_module):
+        setattr(manager, SESSION_ENTRIES_ATTR, options.session_entries())
+        setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
+    return ort_module
+
+
+def exported_model(ort_module: torch.nn.Module, training: bool) -> onnx.ModelProto | None:
+    """The ONNX model ORT exported for ``ort_module`` in training or inference mode, if any."""
+    manager = _execution_managers(ort_module)[0 if training else 1]
+    transitions = manager._graph_transition_manager
+    info = getattr(transitions, "_exported_model_info", None) if transitions is not None else None
+    return None if info is None else info.exported_model
+
+
+def set_training_flag(ort_module: torch.nn.Module, mode: bool) -> None:
+    """Switch ORT between its training and inference graphs without touching submodules' own modes.
+
+    ``ORTModule.train()`` would recurse into every submodule and undo modes the user set on purpose
+    (a frozen BatchNorm in eval mode, for instance).
+    """
+    flattened = ort_module._torch_module._flattened_module
+    for module in (ort_module, flattened, flattened._original_module):
+        module.training = mode

@@ -1,0 +1,48 @@
+"""A module that lets ORT export another module's ``forward`` without owning that module."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+
+class ForwardAdapter(torch.nn.Module):
+    """Holds ``owner``'s direct submodules, parameters and buffers and runs ``type(owner).forward``.
+
+    ORT exports and trains this adapter. The owner stays untouched: its ``state_dict`` keys do not
+    change and Lightning can keep setting attributes on it. Attribute lookups the adapter cannot
+    answer (hyper-parameters, helper methods) are forwarded to the owner.
+    """
+
+    def __init__(self, owner: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "_owner", owner)
+        # Direct dict writes: add_module() would find these names on the owner through __getattr__.
+        self._modules.update(owner._modules)
+        self._parameters.update(owner._parameters)
+        self._buffers.update(owner._buffers)
+        self._non_persistent_buffers_set.update(owner._non_persistent_buffers_set)
+        self.training = owner.training
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_owner"), name)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ForwardAdapter:
+        # ORT deep-copies the module to infer its output schema; the owner (and its Trainer) is shared.
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            object.__setattr__(clone, key, value if key == "_owner" else copy.deepcopy(value, memo))
+        return clone
+
+    @classmethod
+    def for_module(cls, owner: torch.nn.Module) -> ForwardAdapter:
+        """An adapter whose ``forward`` is the owner class's ``forward`` (same signature, for ORT's input parsing)."""
+        owner_cls = type(owner)
+        adapter_cls = type(f"{owner_cls.__name__}ORTAdapter", (cls,), {"forward": owner_cls.forward})
+        return adapter_cls(owner)

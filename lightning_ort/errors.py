@@ -1,0 +1,15 @@
+"""Exceptions raised by lightning_ort."""
+
+from __future__ import annotations
+
+
+class ORTSetupError(RuntimeError):
+    """ONNX Runtime training cannot be set up here (wrong flavour, missing compiler, unwritable cache...)."""
+
+
+class ORTFallbackError(RuntimeError):
+    """ORT could not run a module and ``fallback="raise"`` was requested."""
+
+
+class ORTUnsupportedModelError(RuntimeError):
+    """A module that ORT would export or differentiate incorrectly, so it must not run in ORT."""

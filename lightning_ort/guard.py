@@ -1,0 +1,116 @@
+"""Runs one module's forward through ORT, or through PyTorch once ORT has given up on it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_ort import _compat
+from lightning_ort.adapter import ForwardAdapter
+from lightning_ort.errors import ORTFallbackError
+
+log = logging.getLogger(__name__)
+
+FallbackMode = Literal["warn", "raise"]
+
+
+@dataclass
+class ORTModuleReport:
+    """What happened to one wrapped module during a run.
+
+    Attributes:
+        name: where the module sits in the LightningModule (``"forward"`` for the LightningModule's own forward).
+        ort_calls: forward calls ORT executed.
+        torch_calls: forward calls PyTorch executed instead.
+        fallback_reason: why ORT was given up for this module, or ``None`` while ORT runs it.
+    """
+
+    name: str
+    ort_calls: int = 0
+    torch_calls: int = 0
+    fallback_reason: str | None = None
+
+    @property
+    def uses_ort(self) -> bool:
+        """Whether ORT still runs this module."""
+        return self.fallback_reason is None
+
+
+def _reason(error: BaseException) -> str:
+    """One readable line out of ORT's (often multi-page) error text."""
+    root: BaseException = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    if len(lines) > 1 and lines[0] not in text:
+        text = f"{lines[0]} ... {text}"
+    return f"{type(root).__name__}: {text[:600]}"
+
+
+class ORTGuard:
+    """Callable installed as ``owner.forward``: ORT when it can, PyTorch with one warning when it cannot."""
+
+    def __init__(
+        self,
+        name: str,
+        owner: torch.nn.Module,
+        runtime_options: _compat.ORTRuntimeOptions,
+        fallback: FallbackMode,
+    ) -> None:
+        self.owner = owner
+        self.report = ORTModuleReport(name)
+        self._fallback = fallback
+        self._torch_forward = type(owner).forward.__get__(owner)
+        self._adapter = ForwardAdapter.for_module(owner)
+        self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
+        self._batch_norms = _compat.batch_counters(owner)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        training = self.owner.training
+        # Under no_grad a training-mode module would run ORT's inference graph (eval semantics:
+        # running BatchNorm statistics, no dropout), which is not what PyTorch does.
+        if self._ort_module is None or (training and not torch.is_grad_enabled()):
+            self.report.torch_calls += 1
+            return self._torch_forward(*args, **kwargs)
+        if self._ort_module.training != training:
+            _compat.set_training_flag(self._ort_module, training)
+        try:
+            output = self._ort_module(*args, **kwargs)
+        except Exception as error:
+            self._give_up(error)
+            self.report.torch_calls += 1
+            return self._torch_forward(*args, **kwargs)
+        if training:
+            _compat.advance_batch_counters(self._batch_norms)
+        self.report.ort_calls += 1
+        return output
+
+    def _give_up(self, error: Exception) -> None:
+        reason = _reason(error)
+        self.report.fallback_reason = reason
+        self._ort_module = None
+        if self._fallback == "raise":
+            raise ORTFallbackError(
+                f"ORT cannot run `{self.report.name}` ({type(self.owner).__name__}): {reason}. "
+                "Fix: change the module, or pass ORTStrategy(fallback='warn') to train it in PyTorch."
+            ) from error
+        log.debug("ORT failure for %s", self.report.name, exc_info=error)
+        rank_zero_warn(
+            f"lightning_ort: ORT cannot run `{self.report.name}` ({type(self.owner).__name__}); it trains in "
+            f"PyTorch from now on. Reason: {reason}"
+        )
+
+    def install(self) -> None:
+        """Route ``owner(...)`` through this guard."""
+        self.owner.forward = self  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        """Give the owner its own ``forward`` back and drop ORT's graphs."""
+        if self.owner.__dict__.get("forward") is self:
+            del self.owner.__dict__["forward"]
+        self._ort_module = None

@@ -1,0 +1,51 @@
+"""Which parts of a LightningModule become ORT graphs."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+
+FORWARD = "forward"
+
+
+def _overrides_forward(model: pl.LightningModule) -> bool:
+    return type(model).forward is not pl.LightningModule.forward
+
+
+def _trainable_children(model: torch.nn.Module) -> list[str]:
+    return [
+        name
+        for name, child in model.named_children()
+        if any(parameter.requires_grad for parameter in child.parameters())
+    ]
+
+
+def select_modules(model: pl.LightningModule, requested: list[str] | None, prefer_forward: bool = True) -> list[str]:
+    """Names of what to wrap: ``requested`` (validated), else the LightningModule's forward, else trainable children.
+
+    Raises:
+        ValueError: a requested name is not a submodule, or names overlap (one inside another).
+    """
+    if requested is None:
+        if prefer_forward and _overrides_forward(model):
+            return [FORWARD]
+        return _trainable_children(model)
+    if FORWARD in requested and len(requested) > 1:
+        raise ValueError(
+            f"ORTStrategy(modules={requested!r}): 'forward' already contains every submodule; name it alone."
+        )
+    if FORWARD in requested and not _overrides_forward(model):
+        raise ValueError(f"ORTStrategy(modules=['forward']): {type(model).__name__} does not define forward().")
+    available = dict(model.named_modules())
+    for name in requested:
+        if name != FORWARD and (name == "" or name not in available):
+            children = ", ".join(name for name, _ in model.named_children()) or "none"
+            raise ValueError(
+                f"ORTStrategy(modules=[...]): {type(model).__name__} has no submodule {name!r} "
+                f"(its children: {children})."
+            )
+    for outer in requested:
+        for inner in requested:
+            if outer != inner and outer != FORWARD and inner.startswith(outer + "."):
+                raise ValueError(f"ORTStrategy(modules=[...]): {inner!r} is inside {outer!r}; name only one of them.")
+    return list(requested)

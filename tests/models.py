@@ -1,0 +1,196 @@
+"""Small LightningModules covering the module families users train."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class Base(L.LightningModule):
+    lr = 0.05
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+class MLP(Base):
+    def __init__(self, width: int = 32, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(16, width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, width), nn.Tanh()
+        )
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+
+def mlp_loader(batch_size: int = 16, n: int = 320) -> DataLoader:
+    g = torch.Generator().manual_seed(1)
+    return DataLoader(
+        TensorDataset(torch.randn(n, 16, generator=g), torch.randint(0, 3, (n,), generator=g)), batch_size
+    )
+
+
+class CNN(Base):
+    """Convolutions with BatchNorm (running statistics must follow eager)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8, momentum=0.3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+    training_step = MLP.training_step
+    validation_step = MLP.validation_step
+
+
+def image_loader(batch_size: int = 16, n: int = 200) -> DataLoader:
+    g = torch.Generator().manual_seed(2)
+    return DataLoader(
+        TensorDataset(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 4, (n,), generator=g)), batch_size
+    )
+
+
+class DictBatches(Dataset):
+    """Token sequences of varying true length, padded, as dict samples with an attention mask."""
+
+    def __init__(self, n: int = 256, seq_len: int = 12, vocab: int = 50) -> None:
+        g = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(1, vocab, (n, seq_len), generator=g)
+        lengths = torch.randint(3, seq_len + 1, (n,), generator=g)
+        self.mask = torch.arange(seq_len)[None, :] < lengths[:, None]
+        self.ids[~self.mask] = 0
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "label": self.labels[i]}
+
+
+def dict_loader(batch_size: int = 16) -> DataLoader:
+    return DataLoader(DictBatches(), batch_size)
+
+
+class EncoderClassifier(Base):
+    """Embeddings + nn.TransformerEncoder with a padding mask; forward takes a dict, returns a dict."""
+
+    lr = 0.01
+
+    def __init__(self, vocab: int = 50, d_model: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model, padding_idx=0)
+        layer = nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, 2)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        mask = batch["attention_mask"]
+        hidden = self.encoder(self.embed(batch["input_ids"]), src_key_padding_mask=~mask)
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1)
+        return {"logits": self.head(pooled), "pooled": pooled}
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = F.cross_entropy(self(batch)["logits"], batch["label"])
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch)["logits"], batch["label"]))
+
+
+class TupleOutput(MLP):
+    """forward returns a tuple (logits, features)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.body(x)
+        return self.head(features), features
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits, features = self(x)
+        return F.cross_entropy(logits, y) + 1e-3 * features.pow(2).mean()
+
+
+class ChildrenOnly(MLP):
+    """Steps call the children directly and never self(...)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.head(self.body(x)), y)
+
+
+class StraightThrough(torch.autograd.Function):
+    """Sign in the forward, identity gradient in the backward (a straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.sign(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class STEModel(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(StraightThrough.apply(self.body(x)))
+
+
+class DataDependent(MLP):
+    """Python control flow on a tensor value: a trace would freeze one branch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        if hidden.mean() > 0:
+            hidden = hidden * 2
+        return self.head(hidden)
+
+
+class Counter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x
+
+
+class BufferWriter(MLP):
+    """A forward that writes a buffer in place (ONNX graphs cannot)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = Counter()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.counter(self.body(x)))

@@ -1,0 +1,114 @@
+"""Real models trained through real ORT match eager PyTorch: losses, weights and buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import CNN, MLP, ChildrenOnly, EncoderClassifier, TupleOutput, dict_loader, image_loader, mlp_loader
+
+from lightning_ort import ORTStrategy
+
+STEPS = 20
+
+
+@pytest.mark.parametrize("strategy", ["ort", ORTStrategy()], ids=["string", "object"])
+def test_mlp(strategy: object) -> None:
+    eager, ort = fit_both(MLP, mlp_loader, STEPS, strategy=strategy)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_cnn_batchnorm_statistics_follow_eager() -> None:
+    eager, ort = fit_both(CNN, image_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    assert int(ort.state["features.1.num_batches_tracked"]) == STEPS
+    assert not torch.equal(ort.state["features.1.running_var"], torch.ones(8))
+
+
+def test_frozen_batchnorm_in_eval_mode_stays_frozen() -> None:
+    class FrozenBN(CNN):
+        def on_train_epoch_start(self) -> None:
+            self.features[1].eval()
+
+    eager, ort = fit_both(FrozenBN, image_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    assert int(ort.state["features.1.num_batches_tracked"]) == 0
+
+
+def test_transformer_encoder_with_padding_mask_dict_input_and_dict_output() -> None:
+    eager, ort = fit_both(EncoderClassifier, dict_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort, rtol=2e-5)
+    assert_states_match(eager, ort)
+
+
+def test_tuple_output() -> None:
+    eager, ort = fit_both(TupleOutput, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_smaller_last_batch() -> None:
+    eager, ort = fit_both(MLP, lambda: mlp_loader(batch_size=24, n=100), STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_validation_runs_through_ort_too() -> None:
+    eager, ort = fit_both(MLP, mlp_loader, 10, val=mlp_loader(), val_check_interval=5)
+    # 10 training calls + 2 validation runs of 2 batches, all in ORT
+    assert_ort_ran(ort, 14)
+    assert eager.trainer.callback_metrics["val_loss"] == pytest.approx(
+        float(ort.trainer.callback_metrics["val_loss"]), rel=1e-5
+    )
+
+
+def test_named_submodules() -> None:
+    eager, ort = fit_both(EncoderClassifier, dict_loader, STEPS, strategy=ORTStrategy(modules=["encoder", "head"]))
+    assert [report.name for report in ort.reports] == ["encoder", "head"]
+    assert_ort_ran(ort, 2 * STEPS)
+    assert_losses_match(eager, ort, rtol=2e-5)
+    assert_states_match(eager, ort)
+
+
+def test_steps_that_bypass_forward_get_children_wrapped() -> None:
+    eager, ort = fit_both(ChildrenOnly, mlp_loader, STEPS)
+    assert [report.name for report in ort.reports] == ["forward", "body", "head"]
+    forward, body, head = ort.reports
+    assert forward.ort_calls == forward.torch_calls == 0
+    # the first step ran eagerly, the rest in ORT
+    assert body.ort_calls == head.ort_calls == STEPS - 1
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class DropoutMLP(MLP):
+    def __init__(self) -> None:
+        super().__init__(dropout=0.3)
+
+    def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+
+def test_dropout_trains_in_ort_and_predict_matches_eager() -> None:
+    eager, ort = fit_both(DropoutMLP, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    # ORT draws its own dropout masks, so training losses differ from eager; they must stay finite
+    assert all(torch.isfinite(torch.tensor(ort.losses)))
+    x = torch.randn(24, 16)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+    predictions = ort.trainer.predict(ort.model, loader)
+    assert ort.trainer.strategy.ort_reports[0].ort_calls == 3
+    reference = DropoutMLP().eval()
+    reference.load_state_dict(ort.state)
+    with torch.no_grad():
+        expected = reference(x)
+    torch.testing.assert_close(torch.cat(predictions), expected, rtol=1e-5, atol=1e-6)
