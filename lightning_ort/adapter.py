@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 
 
@@ -17,7 +18,9 @@ class ForwardAdapter(torch.nn.Module):
     """
 
     def __init__(self, owner: torch.nn.Module) -> None:
-        super().__init__()
+        # Not super().__init__(): for plain modules the owner's class is a base (see for_module),
+        # and its constructor's arguments are unknown here.
+        torch.nn.Module.__init__(self)
         object.__setattr__(self, "_owner", owner)
         # Direct dict writes: add_module() would find these names on the owner through __getattr__.
         self._modules.update(owner._modules)
@@ -42,7 +45,13 @@ class ForwardAdapter(torch.nn.Module):
 
     @classmethod
     def for_module(cls, owner: torch.nn.Module) -> ForwardAdapter:
-        """An adapter whose ``forward`` is the owner class's ``forward`` (same signature, for ORT's input parsing)."""
+        """An adapter whose ``forward`` is the owner class's ``forward`` (same signature, for ORT's input parsing).
+
+        For plain modules the owner's class is also a base, so ``forward`` finds methods such as
+        ``Sequential.__iter__``. A LightningModule is not: ORT inspects every attribute of the module
+        it wraps, and many LightningModule properties fail outside a running Trainer.
+        """
         owner_cls = type(owner)
-        adapter_cls = type(f"{owner_cls.__name__}ORTAdapter", (cls,), {"forward": owner_cls.forward})
+        bases = (cls,) if isinstance(owner, pl.LightningModule) else (cls, owner_cls)
+        adapter_cls = type(f"{owner_cls.__name__}ORTAdapter", bases, {"forward": owner_cls.forward})
         return adapter_cls(owner)

@@ -145,14 +145,13 @@ class ORTStrategy(SingleDeviceStrategy):
         assert model is not None
         children = select_modules(model, None, prefer_forward=False)
         log.info("lightning_ort: training_step does not call self(...); ORT runs %s instead", ", ".join(children))
-        guard.uninstall()
-        self._guards = []
+        self._teardown_guards()
         self._install(model, children)
 
     def _teardown_guards(self) -> None:
         for guard in self._guards:
             guard.uninstall()
-        self._retired = [guard.report for guard in self._guards]
+        self._retired += [guard.report for guard in self._guards]
         self._guards = []
 
     @override

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from lightning_ort._compat.export_guard import guarded_export
+
+log = logging.getLogger(__name__)
 
 # Per-instance session settings are stored on ORT's execution managers under this attribute.
 SESSION_ENTRIES_ATTR = "_lightning_ort_session_entries"
@@ -60,6 +63,25 @@ def _skip_gpu_allocator_without_cuda_provider() -> None:
     )
 
 
+def _tolerate_symbolic_shape_failures() -> None:
+    """ORT's Python symbolic shape inference asserts on some dynamic reshapes (nn.MultiheadAttention
+    with a padding mask). It only annotates shapes, which ORT can also do without it (the runtime
+    option ``run_symbolic_shape_infer=False``), so on failure the graph goes on unannotated."""
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager
+
+    original = GraphTransitionManager.__dict__["_infer_shapes"].__func__
+
+    @functools.wraps(original)
+    def _infer_shapes(model: Any) -> Any:
+        try:
+            return original(model)
+        except Exception:
+            log.debug("ORT's symbolic shape inference failed; continuing without it", exc_info=True)
+            return model
+
+    GraphTransitionManager._infer_shapes = staticmethod(_infer_shapes)  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Install all hooks (called once by the loader)."""
     from lightning_ort._compat import batchnorm
@@ -67,4 +89,5 @@ def install() -> None:
     batchnorm.register()
     _wrap_export()
     _wrap_session_config()
+    _tolerate_symbolic_shape_failures()
     _skip_gpu_allocator_without_cuda_provider()
