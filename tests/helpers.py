@@ -55,6 +55,7 @@ def fit(
     strategy: Any = "auto",
     max_steps: int = 20,
     val: DataLoader | None = None,
+    ckpt_path: Any = None,
     **overrides: Any,
 ) -> RunResult:
     recorder = LossRecorder()
@@ -62,7 +63,7 @@ def fit(
     if val is not None:
         overrides.setdefault("limit_val_batches", 2)
     trainer = L.Trainer(strategy=strategy, max_steps=max_steps, callbacks=callbacks, **trainer_kwargs(**overrides))
-    trainer.fit(model, train, val)
+    trainer.fit(model, train, val, ckpt_path=ckpt_path)
     reports = list(trainer.strategy.ort_reports) if isinstance(trainer.strategy, lightning_ort.ORTStrategy) else []
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}
     return RunResult(recorder.losses, state, trainer, model, reports)

@@ -113,7 +113,10 @@ def _preserved_buffers(module: torch.nn.Module) -> Iterator[list[str]]:
                 buffer.copy_(value)
         handled, _ = _batch_norm_state(module)
         by_name = dict(module.named_buffers())
-        changed[:] = [name for name in changed if id(by_name[name]) not in handled]
+        # ORT exports its _FlattenedModule, which holds the user's module as `_original_module`.
+        changed[:] = [
+            name.removeprefix("_original_module.") for name in changed if id(by_name[name]) not in handled
+        ]
 
 
 @contextlib.contextmanager
