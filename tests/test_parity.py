@@ -112,3 +112,22 @@ def test_dropout_trains_in_ort_and_predict_matches_eager() -> None:
     with torch.no_grad():
         expected = reference(x)
     torch.testing.assert_close(torch.cat(predictions), expected, rtol=1e-5, atol=1e-6)
+
+
+class UnfreezeHead(MLP):
+    """The head is frozen for the first steps and unfrozen mid-training."""
+
+    def on_fit_start(self) -> None:
+        self.head.requires_grad_(False)
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        if batch_idx == 5:
+            self.head.requires_grad_(True)
+
+
+def test_unfreezing_a_layer_mid_training_is_seen_by_ort() -> None:
+    eager, ort = fit_both(UnfreezeHead, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    assert not torch.equal(ort.state["head.weight"], UnfreezeHead().state_dict()["head.weight"])

@@ -82,6 +82,46 @@ def _tolerate_symbolic_shape_failures() -> None:
     GraphTransitionManager._infer_shapes = staticmethod(_infer_shapes)  # type: ignore[method-assign]
 
 
+def _feature_table_at_info_level() -> None:
+    """ORT logs a large feature table at WARNING after every graph build (training and inference).
+    It is information, not a warning: show it at log_level="INFO" and below."""
+    from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
+
+    original = GraphExecutionManager._log_feature_stats
+
+    @functools.wraps(original)
+    def _log_feature_stats(self: Any) -> None:
+        logger = self._logger
+        logger.warning = logger.info  # instance attribute shadows Logger.warning for this call
+        try:
+            original(self)
+        finally:
+            del logger.warning
+
+    GraphExecutionManager._log_feature_stats = _log_feature_stats  # type: ignore[method-assign]
+
+
+def _buffers_in_reprocess_check() -> None:
+    """With ORT's per-step checks on, ``_reprocess_check`` asserts that every graph input that is
+    not a user input is a parameter, and fails on buffers (BatchNorm statistics). Buffers never
+    require grad, so the check runs on the other inputs."""
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager
+
+    original = GraphTransitionManager.__dict__["_reprocess_check"].__func__
+
+    @functools.wraps(original)
+    def _reprocess_check(*, flatten_module: Any, exported_model_info: Any, **kwargs: Any) -> Any:
+        buffers = {name for name, _ in flatten_module.named_buffers()}
+        names = exported_model_info.onnx_graph_input_names
+        exported_model_info.onnx_graph_input_names = [name for name in names if name not in buffers]
+        try:
+            return original(flatten_module=flatten_module, exported_model_info=exported_model_info, **kwargs)
+        finally:
+            exported_model_info.onnx_graph_input_names = names
+
+    GraphTransitionManager._reprocess_check = staticmethod(_reprocess_check)  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Install all hooks (called once by the loader)."""
     from lightning_ort._compat import batchnorm
@@ -90,4 +130,6 @@ def install() -> None:
     _wrap_export()
     _wrap_session_config()
     _tolerate_symbolic_shape_failures()
+    _feature_table_at_info_level()
+    _buffers_in_reprocess_check()
     _skip_gpu_allocator_without_cuda_provider()

@@ -71,7 +71,12 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
     ):
         # ORT switched to its PyTorch backend during construction; surface why.
         raise RuntimeError(f"ORTModule could not be created: {ort_module._fallback_manager._exception}")
+    from onnxruntime.training.ortmodule.options import _SkipCheck
+
     for manager in _execution_managers(ort_module):
+        # ORT's default "fast path" never looks at the inputs or at requires_grad again after the
+        # first step, so a new input key or a layer unfrozen mid-training would go unnoticed.
+        manager._runtime_options.skip_check = _SkipCheck.SKIP_CHECK_DISABLED
         setattr(manager, SESSION_ENTRIES_ATTR, options.session_entries())
         setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
     return ort_module
