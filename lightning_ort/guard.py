@@ -22,22 +22,27 @@ FallbackMode = Literal["warn", "raise"]
 class ORTModuleReport:
     """What happened to one wrapped module during a run.
 
+    ORT builds separate graphs for training and for inference (eval mode or no grad), and either
+    can be given up on its own.
+
     Attributes:
         name: where the module sits in the LightningModule (``"forward"`` for the LightningModule's own forward).
         ort_calls: forward calls ORT executed.
         torch_calls: forward calls PyTorch executed instead.
-        fallback_reason: why ORT was given up for this module, or ``None`` while ORT runs it.
+        fallback_reason: why ORT's training graph was given up, or ``None``.
+        eval_fallback_reason: why ORT's inference graph was given up, or ``None``.
     """
 
     name: str
     ort_calls: int = 0
     torch_calls: int = 0
     fallback_reason: str | None = None
+    eval_fallback_reason: str | None = None
 
     @property
     def uses_ort(self) -> bool:
-        """Whether ORT still runs this module."""
-        return self.fallback_reason is None
+        """Whether ORT still runs this module in both modes."""
+        return self.fallback_reason is None and self.eval_fallback_reason is None
 
 
 def _reason(error: BaseException) -> str:
@@ -70,11 +75,14 @@ class ORTGuard:
         self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
         self._batch_norms = _compat.batch_counters(owner)
 
+    def _gave_up(self, training: bool) -> bool:
+        return (self.report.fallback_reason if training else self.report.eval_fallback_reason) is not None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         training = self.owner.training
         # Under no_grad a training-mode module would run ORT's inference graph (eval semantics:
         # running BatchNorm statistics, no dropout), which is not what PyTorch does.
-        if self._ort_module is None or (training and not torch.is_grad_enabled()):
+        if self._ort_module is None or self._gave_up(training) or (training and not torch.is_grad_enabled()):
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
         if self._ort_module.training != training:
@@ -82,7 +90,7 @@ class ORTGuard:
         try:
             output = self._ort_module(*args, **kwargs)
         except Exception as error:
-            self._give_up(error)
+            self._give_up(error, training)
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
         if training:
@@ -90,19 +98,23 @@ class ORTGuard:
         self.report.ort_calls += 1
         return output
 
-    def _give_up(self, error: Exception) -> None:
+    def _give_up(self, error: Exception, training: bool) -> None:
         reason = _reason(error)
-        self.report.fallback_reason = reason
-        self._ort_module = None
+        graph = "training" if training else "inference"
+        if training:
+            self.report.fallback_reason = reason
+        else:
+            self.report.eval_fallback_reason = reason
         if self._fallback == "raise":
             raise ORTFallbackError(
-                f"ORT cannot run `{self.report.name}` ({type(self.owner).__name__}): {reason}. "
-                "Fix: change the module, or pass ORTStrategy(fallback='warn') to train it in PyTorch."
+                f"ORT cannot run `{self.report.name}` ({type(self.owner).__name__}) in its {graph} graph: {reason}. "
+                "Fix: change the module, or pass ORTStrategy(fallback='warn') to run it in PyTorch."
             ) from error
         log.debug("ORT failure for %s", self.report.name, exc_info=error)
         rank_zero_warn(
-            f"lightning_ort: ORT cannot run `{self.report.name}` ({type(self.owner).__name__}); it trains in "
-            f"PyTorch from now on. Reason: {reason}"
+            f"lightning_ort: ORT cannot run `{self.report.name}` ({type(self.owner).__name__}) in its {graph} "
+            f"graph; PyTorch runs it in {'training' if training else 'eval/no-grad'} mode from now on. "
+            f"Reason: {reason}"
         )
 
     def install(self) -> None:

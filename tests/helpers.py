@@ -90,6 +90,7 @@ def assert_ort_ran(result: RunResult, min_calls: int) -> None:
     assert result.reports, "no module was wrapped in ORT"
     for report in result.reports:
         assert report.fallback_reason is None, f"{report.name} fell back: {report.fallback_reason}"
+        assert report.eval_fallback_reason is None, f"{report.name} fell back in eval: {report.eval_fallback_reason}"
         assert report.torch_calls == 0, f"{report.name} ran {report.torch_calls} calls in PyTorch"
     assert sum(report.ort_calls for report in result.reports) >= min_calls
 

@@ -51,6 +51,8 @@ def test_resume_both_ways_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     assert ort.reports[0].ort_calls == 10 and ort.reports[0].fallback_reason is None
     for resumed in (plain, ort):
         resumed.losses = resumed.losses[-10:]
-        tail = type(uninterrupted)(uninterrupted.losses[10:], uninterrupted.state, uninterrupted.trainer, uninterrupted.model)
+        tail = type(uninterrupted)(
+            uninterrupted.losses[10:], uninterrupted.state, uninterrupted.trainer, uninterrupted.model
+        )
         assert_losses_match(tail, resumed)
         assert_states_match(uninterrupted, resumed)

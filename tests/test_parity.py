@@ -131,3 +131,30 @@ def test_unfreezing_a_layer_mid_training_is_seen_by_ort() -> None:
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
     assert not torch.equal(ort.state["head.weight"], UnfreezeHead().state_dict()["head.weight"])
+
+
+class DefaultEncoder(EncoderClassifier):
+    """nn.TransformerEncoderLayer with its defaults: dropout 0.1, nested-tensor fast path in eval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(32, nhead=4, dim_feedforward=64, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=2)
+
+    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self(batch)["logits"]
+
+
+def test_default_transformer_encoder_trains_and_predicts_in_ort() -> None:
+    eager, ort = fit_both(DefaultEncoder, dict_loader, STEPS, val=dict_loader(), val_check_interval=10)
+    assert_ort_ran(ort, STEPS + 2)  # training, and one validation (2 batches) through the inference graph
+    assert abs(eager.losses[-1] - ort.losses[-1]) < 0.1  # different dropout masks, same learning
+    # ORT's inference graph (traced without PyTorch's fused fast path) predicts what eager eval does
+    predictions = torch.cat(ort.trainer.predict(ort.model, dict_loader()))
+    assert ort.trainer.strategy.ort_reports[0].ort_calls == len(dict_loader())
+    reference = DefaultEncoder()
+    reference.load_state_dict(ort.state)
+    reference.eval()
+    with torch.no_grad():
+        expected = torch.cat([reference(batch)["logits"] for batch in dict_loader()])
+    torch.testing.assert_close(predictions, expected, rtol=1e-4, atol=1e-5)

@@ -52,7 +52,11 @@ def test_environment_is_not_changed_by_a_run() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"log_level": "LOUD"}, ValueError, "ORTStrategy(log_level='LOUD') is not one of VERBOSE, INFO, WARNING, ERROR, FATAL"),
+        (
+            {"log_level": "LOUD"},
+            ValueError,
+            "ORTStrategy(log_level='LOUD') is not one of VERBOSE, INFO, WARNING, ERROR, FATAL",
+        ),
         ({"fallback": "ignore"}, ValueError, "ORTStrategy(fallback='ignore') must be 'warn' or 'raise'"),
         ({"modules": "encoder"}, TypeError, "must be a list of submodule names"),
         ({"intra_op_num_threads": 0}, ValueError, "must be a positive int"),

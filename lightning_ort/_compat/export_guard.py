@@ -95,6 +95,23 @@ def _batch_norm_state(module: torch.nn.Module) -> tuple[set[int], list[str]]:
 
 
 @contextlib.contextmanager
+def _attention_fast_path_off() -> Iterator[None]:
+    """Trace nn.MultiheadAttention / nn.TransformerEncoder through their standard (math) path.
+
+    In eval mode without grad, PyTorch takes fused fast paths (``_transformer_encoder_layer_fwd``,
+    nested tensors) that ONNX cannot express. The standard path computes the same function; the one
+    visible difference is that positions masked by ``src_key_padding_mask`` hold computed values
+    instead of the fast path's zeros.
+    """
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
+@contextlib.contextmanager
 def _preserved_buffers(module: torch.nn.Module) -> Iterator[list[str]]:
     """Undo buffer updates made by the forward runs the export does; list the buffers they changed.
 
@@ -114,9 +131,7 @@ def _preserved_buffers(module: torch.nn.Module) -> Iterator[list[str]]:
         handled, _ = _batch_norm_state(module)
         by_name = dict(module.named_buffers())
         # ORT exports its _FlattenedModule, which holds the user's module as `_original_module`.
-        changed[:] = [
-            name.removeprefix("_original_module.") for name in changed if id(by_name[name]) not in handled
-        ]
+        changed[:] = [name.removeprefix("_original_module.") for name in changed if id(by_name[name]) not in handled]
 
 
 @contextlib.contextmanager
@@ -137,6 +152,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         mutated = stack.enter_context(_preserved_buffers(module))
         stack.enter_context(_torchscript_exporter())
+        stack.enter_context(_attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
         records = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always", torch.jit.TracerWarning)

@@ -124,8 +124,9 @@ def _buffers_in_reprocess_check() -> None:
 
 def install() -> None:
     """Install all hooks (called once by the loader)."""
-    from lightning_ort._compat import batchnorm
+    from lightning_ort._compat import attention, batchnorm
 
+    attention.register()
     batchnorm.register()
     _wrap_export()
     _wrap_session_config()
