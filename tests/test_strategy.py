@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import inspect
-import re
 import os
+import re
 
 import lightning as L
 import pytest

@@ -25,7 +25,9 @@ class StepTimer(pl.Callback):
         self.step_times: list[float] = []
         self._start: float | None = None
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._start = time.perf_counter()
 
     def on_train_batch_end(
