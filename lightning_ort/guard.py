@@ -75,6 +75,11 @@ class ORTGuard:
         self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
         self._batch_norms = _compat.batch_counters(owner)
 
+    @property
+    def ort_module(self) -> torch.nn.Module | None:
+        """The ORTModule running this module, or ``None`` after teardown."""
+        return self._ort_module
+
     def _gave_up(self, training: bool) -> bool:
         return (self.report.fallback_reason if training else self.report.eval_fallback_reason) is not None
 

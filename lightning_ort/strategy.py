@@ -104,6 +104,11 @@ class ORTStrategy(SingleDeviceStrategy):
         """One report per module ORT was asked to run in the current or last run (calls, fallback reason)."""
         return self._retired + [guard.report for guard in self._guards]
 
+    @property
+    def ort_modules(self) -> dict[str, torch.nn.Module]:
+        """The ORTModules of the current run by name (``"forward"`` or a submodule name), for callbacks."""
+        return {guard.report.name: guard.ort_module for guard in self._guards if guard.ort_module is not None}
+
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         _compat.check_installation()
