@@ -136,22 +136,32 @@ class ORTStrategy(SingleDeviceStrategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        output = super().training_step(*args, **kwargs)
+        return self._after_step("training_step", super().training_step(*args, **kwargs))
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        return self._after_step("validation_step", super().validation_step(*args, **kwargs))
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        return self._after_step("test_step", super().test_step(*args, **kwargs))
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        return self._after_step("predict_step", super().predict_step(*args, **kwargs))
+
+    def _after_step(self, step: str, output: Any) -> Any:
+        """After the first step of a run: if it never called ``self(...)``, wrap the trainable children."""
         if self._auto_forward:
             self._auto_forward = False
-            self._switch_to_children_if_forward_unused()
+            if not (self._guards[0].report.ort_calls or self._guards[0].report.torch_calls):
+                model = self.lightning_module
+                assert model is not None
+                children = select_modules(model, None, prefer_forward=False)
+                log.info("lightning_ort: %s does not call self(...); ORT runs %s instead", step, ", ".join(children))
+                self._teardown_guards()
+                self._install(model, children)
         return output
-
-    def _switch_to_children_if_forward_unused(self) -> None:
-        guard = self._guards[0]
-        if guard.report.ort_calls or guard.report.torch_calls:
-            return
-        model = self.lightning_module
-        assert model is not None
-        children = select_modules(model, None, prefer_forward=False)
-        log.info("lightning_ort: training_step does not call self(...); ORT runs %s instead", ", ".join(children))
-        self._teardown_guards()
-        self._install(model, children)
 
     def _teardown_guards(self) -> None:
         for guard in self._guards:

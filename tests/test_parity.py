@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
+import lightning as L
 import pytest
 import torch
-from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both, trainer_kwargs
 from models import CNN, MLP, ChildrenOnly, EncoderClassifier, TupleOutput, dict_loader, image_loader, mlp_loader
 
 from lightning_ort import ORTStrategy
@@ -158,3 +163,22 @@ def test_default_transformer_encoder_trains_and_predicts_in_ort() -> None:
     with torch.no_grad():
         expected = torch.cat([reference(batch)["logits"] for batch in dict_loader()])
     torch.testing.assert_close(predictions, expected, rtol=1e-4, atol=1e-5)
+
+
+class ChildrenOnlyEverywhere(ChildrenOnly):
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", F.cross_entropy(self.head(self.body(x)), y))
+
+
+def test_test_stage_runs_through_ort_and_switches_to_children() -> None:
+    torch.manual_seed(0)
+    model = ChildrenOnlyEverywhere()
+    reference = copy.deepcopy(model)
+    trainer = L.Trainer(strategy="ort", **trainer_kwargs(limit_test_batches=4))
+    (ort_metrics,) = trainer.test(model, mlp_loader())
+    (eager_metrics,) = L.Trainer(**trainer_kwargs(limit_test_batches=4)).test(reference, mlp_loader())
+    names = [report.name for report in trainer.strategy.ort_reports]
+    assert names == ["forward", "body", "head"]
+    assert [r.ort_calls for r in trainer.strategy.ort_reports] == [0, 3, 3]
+    assert ort_metrics["test_loss"] == pytest.approx(eager_metrics["test_loss"], rel=1e-5)
