@@ -10,11 +10,16 @@ from lightning_ort.errors import ORTSetupError
 
 def _setup(verbose: bool) -> int:
     from lightning_ort._compat import check_installation, ortmodule_package
-    from lightning_ort._compat.extensions import build_aten_op_executor
+    from lightning_ort._compat.extensions import build_aten_op_executor, build_custom_function_runner
 
     check_installation()
     path, built = build_aten_op_executor(verbose=verbose)
     print(f"lightning_ort: aten_op_executor {'built' if built else 'reused'}: {path}")
+    try:
+        path, built = build_custom_function_runner(verbose=verbose)
+        print(f"lightning_ort: custom autograd.Function runner {'built' if built else 'reused'}: {path}")
+    except ORTSetupError as error:
+        print(f"lightning_ort: custom autograd.Function support is unavailable: {error}", file=sys.stderr)
     ortmodule_package()
     print("lightning_ort: onnxruntime.training.ortmodule imports and is ready.")
     return 0

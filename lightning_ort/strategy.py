@@ -41,6 +41,10 @@ class ORTStrategy(SingleDeviceStrategy):
             PyTorch after one warning; ``"raise"`` stops with ORT's reason.
         intra_op_num_threads: threads of ORT's intra-op pool; ``None`` lets ORT decide.
         allow_spinning: let idle ORT threads spin. Off by default: spinning threads compete with torch's.
+        custom_autograd: run custom ``torch.autograd.Function``s inside ORT graphs (their forward and
+            custom backward are called back in Python). ``None``: on when lightning_ort's C++ runner
+            can be built (g++, ninja) or is cached; ``False``: modules applying them train in PyTorch
+            after one warning; ``True``: error if the runner cannot be built.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -57,6 +61,7 @@ class ORTStrategy(SingleDeviceStrategy):
         fallback: FallbackMode = "warn",
         intra_op_num_threads: int | None = None,
         allow_spinning: bool = False,
+        custom_autograd: bool | None = None,
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -81,6 +86,7 @@ class ORTStrategy(SingleDeviceStrategy):
         self.modules = list(modules) if modules is not None else None
         self.log_level: LogLevel = log_level
         self.fallback: FallbackMode = fallback
+        self.custom_autograd = custom_autograd
         self.runtime_options = _compat.ORTRuntimeOptions(
             log_level=log_level, intra_op_num_threads=intra_op_num_threads, allow_spinning=allow_spinning
         )
@@ -127,6 +133,7 @@ class ORTStrategy(SingleDeviceStrategy):
         return model
 
     def _install(self, model: pl.LightningModule, names: list[str]) -> None:
+        _compat.custom_function_support(self.custom_autograd)
         for name in names:
             owner = model if name == FORWARD else model.get_submodule(name)
             guard = ORTGuard(name, owner, self.runtime_options, self.fallback)

@@ -21,7 +21,7 @@ CASES = [
 def test_warn_once_and_train_like_eager(model_cls: type, reason: str) -> None:
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        eager, ort = fit_both(model_cls, mlp_loader, 12)
+        eager, ort = fit_both(model_cls, mlp_loader, 12, strategy=ORTStrategy(custom_autograd=False))
     ours = [str(r.message) for r in records if "lightning_ort: ORT cannot run" in str(r.message)]
     assert len(ours) == 1, ours
     assert "`forward`" in ours[0] and reason in ours[0]
@@ -36,6 +36,6 @@ def test_warn_once_and_train_like_eager(model_cls: type, reason: str) -> None:
 @pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=["autograd_function", "data_dependent", "buffer_write"])
 def test_raise_stops_with_reason(model_cls: type, reason: str) -> None:
     with pytest.raises(ORTFallbackError, match="ORT cannot run `forward`") as info:
-        fit(model_cls(), mlp_loader(), ORTStrategy(fallback="raise"), max_steps=2)
+        fit(model_cls(), mlp_loader(), ORTStrategy(fallback="raise", custom_autograd=False), max_steps=2)
     assert reason in str(info.value)
     assert "fallback='warn'" in str(info.value)

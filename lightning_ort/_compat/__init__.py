@@ -5,6 +5,7 @@ environment variables, private attributes and torch compatibility shims stay ins
 """
 
 from lightning_ort._compat.batchnorm import advance_batch_counters, batch_counters
+from lightning_ort._compat.custom_function import custom_function_support, custom_function_support_enabled
 from lightning_ort._compat.flavour import check_device, check_installation
 from lightning_ort._compat.loader import ort_module_class, ortmodule_package
 from lightning_ort._compat.runtime import ORTRuntimeOptions, exported_model, set_training_flag, wrap_module
@@ -15,6 +16,8 @@ __all__ = [
     "batch_counters",
     "check_device",
     "check_installation",
+    "custom_function_support",
+    "custom_function_support_enabled",
     "exported_model",
     "ort_module_class",
     "ortmodule_package",

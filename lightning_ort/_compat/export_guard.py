@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import logging
 import os
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import onnx
 import torch
+import torch.utils.checkpoint
 from torch.onnx import TrainingMode
 
 from lightning_ort.errors import ORTUnsupportedModelError
+
+log = logging.getLogger(__name__)
 
 # TorchScript tracing records one path through Python control flow that reads tensor values, and
 # freezes such values as constants: the ORT graph would then compute something else than the module.
@@ -38,17 +45,27 @@ def _is_unsafe_tracer_warning(record: warnings.WarningMessage) -> bool:
 
 @contextlib.contextmanager
 def _record_autograd_functions() -> Iterator[list[type]]:
-    """Record every custom ``torch.autograd.Function`` applied inside the block."""
+    """Record every custom ``torch.autograd.Function`` applied inside the block, outside other Functions.
+
+    A Function applied inside another Function's ``forward`` runs within that one (whose backward is
+    what counts), so only the outermost applications are recorded.
+    """
     seen: list[type] = []
+    depth = 0
     function_cls = torch.autograd.Function
     original = function_cls.__dict__["apply"]
 
     @functools.wraps(original.__func__)
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        nonlocal depth
         # ORT applies identity Functions of its own while exporting; those export correctly.
-        if cls not in seen and not cls.__module__.startswith("onnxruntime."):
+        if depth == 0 and cls not in seen and not cls.__module__.startswith("onnxruntime."):
             seen.append(cls)
-        return original.__func__(cls, *args, **kwargs)
+        depth += 1
+        try:
+            return original.__func__(cls, *args, **kwargs)
+        finally:
+            depth -= 1
 
     function_cls.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
     try:
@@ -57,8 +74,41 @@ def _record_autograd_functions() -> Iterator[list[type]]:
         function_cls.apply = original  # type: ignore[method-assign]
 
 
+# ORT cannot export torch.utils.checkpoint's reentrant variant (a Function that recomputes its own
+# PyTorch graph in backward); the non-reentrant one exports as the plain computation.
+_REENTRANT_CHECKPOINT = (
+    "it uses torch.utils.checkpoint with use_reentrant=True (torch.utils.checkpoint.CheckpointFunction), which "
+    "ORT cannot export. Fix: use_reentrant=False (ORT then trains the checkpointed computation as part of its "
+    "graph, without recomputation)"
+)
+
+
+@dataclass
+class _ExportRecord:
+    """What one ORT export did with custom autograd.Functions."""
+
+    # ORT asked the exporter to keep Functions as PythonOp nodes (custom-Function support was on
+    # when the ORTModule was created); otherwise their forward is inlined.
+    keeps_functions: bool = False
+    # Qualified names of the Functions that became PythonOp nodes.
+    python_ops: set[str] = field(default_factory=set)
+
+
+def _python_op_names(exported: Any) -> set[str]:
+    if not isinstance(exported, io.BytesIO):
+        return set()
+    model = onnx.load_model_from_string(exported.getvalue())
+    names = set()
+    for node in model.graph.node:
+        if node.domain == "com.microsoft" and node.op_type == "PythonOp":
+            for attribute in node.attribute:
+                if attribute.name == "func_name":
+                    names.add(attribute.s.decode())
+    return names
+
+
 @contextlib.contextmanager
-def _torchscript_exporter() -> Iterator[None]:
+def _torchscript_exporter(record: _ExportRecord) -> Iterator[None]:
     """Inside the block ``torch.onnx.export`` uses the TorchScript exporter, which ORT 1.19 expects."""
     original = torch.onnx.export
 
@@ -73,13 +123,58 @@ def _torchscript_exporter() -> Iterator[None]:
         if isinstance(model, torch.nn.Module) and requested in (TrainingMode.TRAINING, TrainingMode.EVAL):
             if model.training == (requested == TrainingMode.TRAINING):
                 kwargs["training"] = TrainingMode.PRESERVE
-        return original(*args, **kwargs)
+        record.keeps_functions = kwargs.get("autograd_inlining") is False
+        if not record.keeps_functions:
+            return original(*args, **kwargs)
+        from lightning_ort._compat.custom_function import python_op_symbolic
+
+        training = (
+            None if requested not in (TrainingMode.TRAINING, TrainingMode.EVAL) else requested == TrainingMode.TRAINING
+        )
+        with python_op_symbolic(training):
+            result = original(*args, **kwargs)
+        record.python_ops = _python_op_names(args[2] if len(args) > 2 else kwargs.get("f"))
+        return result
 
     torch.onnx.export = export  # type: ignore[assignment]
     try:
         yield
     finally:
         torch.onnx.export = original
+
+
+def _functions_problem(functions: list[type], record: _ExportRecord) -> str | None:
+    """Why the Functions the module applies would not train as in PyTorch under ORT, if they would not."""
+    from lightning_ort._compat import custom_function
+
+    if not functions:
+        return None
+    names = ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in functions)
+    if not record.keeps_functions:
+        return (
+            f"it applies custom torch.autograd.Function(s) {names}; ORT would differentiate their forward "
+            f"and ignore their custom backward ({custom_function.support_off_reason()})"
+        )
+    clashes = custom_function.check_registered(
+        [cls for cls in functions if custom_function.qualified_name(cls) in record.python_ops]
+    )
+    # An ONNX `symbolic` (or one of ORT's special exporters) replaces the Function by ONNX operators,
+    # which ORT differentiates itself: the custom backward would be ignored.
+    inlined = [cls for cls in functions if custom_function.qualified_name(cls) not in record.python_ops]
+    if inlined:
+        names = ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in inlined)
+        return (
+            f"custom torch.autograd.Function(s) {names} were exported as ONNX operators (e.g. through a "
+            "`symbolic` method) instead of PythonOp nodes; ORT would differentiate those operators and ignore "
+            "the custom backward"
+        )
+    if clashes:
+        names = ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in clashes)
+        return (
+            f"custom torch.autograd.Function(s) {names} have the qualified name of another Function class that "
+            "ORT already runs in this process (a redefined class?); ORT would run the other class"
+        )
+    return None
 
 
 def _batch_norm_state(module: torch.nn.Module) -> tuple[set[int], list[str]]:
@@ -140,8 +235,9 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
 
     The export uses the TorchScript exporter, leaves the module's buffers as they were, and is
     rejected with :class:`ORTUnsupportedModelError` when the module applies a custom
-    ``torch.autograd.Function`` (ORT would differentiate its forward and ignore its backward) or
-    takes data-dependent Python branches (the trace would freeze one branch).
+    ``torch.autograd.Function`` that does not become a PythonOp node (with custom-Function support
+    off, or through an ONNX ``symbolic``, ORT would differentiate its forward and ignore its
+    backward) or takes data-dependent Python branches (the trace would freeze one branch).
     """
     _, cumulative_batch_norms = _batch_norm_state(module)
     if cumulative_batch_norms:
@@ -149,24 +245,29 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             f"BatchNorm layer(s) {', '.join(cumulative_batch_norms)} use momentum=None (cumulative average), "
             "whose factor depends on num_batches_tracked and would be frozen into the ONNX graph"
         )
+    exported = _ExportRecord()
     with contextlib.ExitStack() as stack:
         mutated = stack.enter_context(_preserved_buffers(module))
-        stack.enter_context(_torchscript_exporter())
+        stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(_attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
         records = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always", torch.jit.TracerWarning)
-        yield
+        try:
+            yield
+        except Exception as error:
+            if torch.utils.checkpoint.CheckpointFunction in functions:
+                # ORT's own message blames export in general; fallback reports show the root cause only.
+                log.debug("ORT's export of a reentrant checkpoint failed", exc_info=error)
+                raise ORTUnsupportedModelError(_REENTRANT_CHECKPOINT) from None
+            raise
     for record in records:
         # The exporter's own deprecation and graph-rewrite notes are about ORT's export call, not the user's code.
         if not issubclass(record.category, torch.jit.TracerWarning) and not record.filename.startswith(_ONNX_DIR):
             warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
-    if functions:
-        names = ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in functions)
-        raise ORTUnsupportedModelError(
-            f"it applies custom torch.autograd.Function(s) {names}; ORT would differentiate their forward "
-            "and ignore their custom backward, so lightning_ort does not run such modules in ORT yet"
-        )
+    problem = _functions_problem(functions, exported)
+    if problem is not None:
+        raise ORTUnsupportedModelError(problem)
     if mutated:
         raise ORTUnsupportedModelError(
             f"its forward updates buffer(s) {', '.join(mutated)} in place; an ONNX graph cannot write to "

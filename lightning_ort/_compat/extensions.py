@@ -1,9 +1,11 @@
 """ORT's PyTorch C++ extensions, built once into a cache directory instead of site-packages.
 
 ORTModule imports its extensions as ``onnxruntime.training.ortmodule.torch_cpp_extensions.<name>``.
-We compile the sources ORT ships against the installed torch, keep the shared object in
-``$LIGHTNING_ORT_CACHE`` (default ``~/.cache/lightning_ort``), and register the loaded module under
-the name ORT imports.
+We compile ``aten_op_executor`` from the source ORT ships and, in place of ORT's
+``torch_interop_utils`` (which no longer compiles), lightning_ort's own runner for custom
+autograd.Functions (``csrc/custom_function_runner.cc``), against the installed torch; the shared
+objects live in ``$LIGHTNING_ORT_CACHE`` (default ``~/.cache/lightning_ort``), and the modules are
+registered under the names ORT imports.
 """
 
 from __future__ import annotations
@@ -89,11 +91,10 @@ def _load_shared_object(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
-    """Return the path of the compiled ``aten_op_executor`` and whether it was built just now."""
-    source = _aten_op_executor_source()
-    build_dir = _build_dir("aten_op_executor", source)
-    shared_object = build_dir / "aten_op_executor.so"
+def _build(name: str, source: Path, what: str, verbose: bool) -> tuple[Path, bool]:
+    """Compile ``source`` into ``<cache>/extensions/<name>-<key>/<name>.so`` unless it is there already."""
+    build_dir = _build_dir(name, source)
+    shared_object = build_dir / f"{name}.so"
     if shared_object.is_file():
         return shared_object, False
     _check_toolchain()
@@ -104,12 +105,12 @@ def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
             f"Cannot create the extension cache directory {build_dir}: {err}. "
             f"Fix: point {CACHE_ENV} at a writable directory."
         ) from err
-    print(f"lightning_ort: building ORT's aten_op_executor extension into {build_dir} (once)...", file=sys.stderr)
+    print(f"lightning_ort: building {what} extension into {build_dir} (once)...", file=sys.stderr)
     from torch.utils.cpp_extension import load
 
     try:
         load(
-            name="aten_op_executor",
+            name=name,
             sources=[str(source)],
             build_directory=str(build_dir),
             verbose=verbose,
@@ -117,7 +118,7 @@ def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
         )
     except Exception as err:
         raise ORTSetupError(
-            f"Building ORT's aten_op_executor extension in {build_dir} failed: {err}. "
+            f"Building {what} extension in {build_dir} failed: {err}. "
             "Fix: check that g++ and ninja work and that torch's headers are installed; "
             "build output: `python -m lightning_ort setup --verbose`."
         ) from err
@@ -126,26 +127,47 @@ def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
     return shared_object, True
 
 
-def _interop_stand_in() -> types.ModuleType:
-    """Module standing in for ``torch_interop_utils``, which does not compile against torch >= 2.5.
+def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
+    """Return the path of the compiled ``aten_op_executor`` and whether it was built just now."""
+    return _build("aten_op_executor", _aten_op_executor_source(), "ORT's aten_op_executor", verbose)
 
-    ORT imports it even with custom autograd.Function support off; only ``clear_all_grad_fns`` is
-    called then (at exit). Anything else means custom-function support was turned on, which
-    lightning_ort does not do yet.
+
+CUSTOM_FUNCTION_RUNNER = "lightning_ort_custom_function_runner"
+
+
+def custom_function_runner_source() -> Path:
+    """lightning_ort's own C++ source of the runners for custom autograd.Functions (package data)."""
+    return Path(__file__).parent / "csrc" / "custom_function_runner.cc"
+
+
+def build_custom_function_runner(verbose: bool = False) -> tuple[Path, bool]:
+    """Return the path of lightning_ort's compiled custom-Function runner and whether it was built just now.
+
+    It replaces ORT's ``torch_interop_utils``, which does not compile against torch >= 2.5.
     """
-    module = types.ModuleType(f"{EXTENSIONS_PACKAGE}.torch_interop_utils")
-
-    def clear_all_grad_fns() -> None:
-        return None
-
-    def __getattr__(name: str) -> object:
-        raise AttributeError(
-            f"torch_interop_utils.{name} is unavailable: custom torch.autograd.Function support inside ORT "
-            "graphs is not built by lightning_ort yet."
+    source = custom_function_runner_source()
+    if not source.is_file():
+        raise ORTSetupError(
+            f"lightning_ort's C++ source {source} is missing: the package was installed without its data files. "
+            "Fix: reinstall lightning-ort."
         )
+    return _build(CUSTOM_FUNCTION_RUNNER, source, "the custom autograd.Function runner", verbose)
 
-    module.clear_all_grad_fns = clear_all_grad_fns  # type: ignore[attr-defined]
-    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+
+def load_custom_function_runner() -> types.ModuleType:
+    """Build (or reuse) and import the custom-Function runner extension."""
+    existing = sys.modules.get(CUSTOM_FUNCTION_RUNNER)
+    if existing is not None:
+        return existing
+    shared_object, _ = build_custom_function_runner()
+    try:
+        module = _load_shared_object(CUSTOM_FUNCTION_RUNNER, shared_object)
+    except ImportError as err:
+        raise ORTSetupError(
+            f"The custom autograd.Function runner {shared_object} does not load: {err}. "
+            f"Fix: delete {shared_object.parent} so that it is rebuilt."
+        ) from err
+    sys.modules[CUSTOM_FUNCTION_RUNNER] = module
     return module
 
 
@@ -158,6 +180,10 @@ def register_extensions() -> None:
         sys.modules[f"{EXTENSIONS_PACKAGE}.aten_op_executor"] = aten
         package.aten_op_executor = aten  # type: ignore[attr-defined]
     if f"{EXTENSIONS_PACKAGE}.torch_interop_utils" not in sys.modules:
-        stand_in = _interop_stand_in()
-        sys.modules[stand_in.__name__] = stand_in
-        package.torch_interop_utils = stand_in  # type: ignore[attr-defined]
+        # ORT imports torch_interop_utils even with custom-Function support off; ours compiles its C++
+        # part only when the support is turned on (see custom_function.py).
+        from lightning_ort._compat.custom_function import interop_module
+
+        interop = interop_module(f"{EXTENSIONS_PACKAGE}.torch_interop_utils")
+        sys.modules[interop.__name__] = interop
+        package.torch_interop_utils = interop  # type: ignore[attr-defined]

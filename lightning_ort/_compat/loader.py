@@ -42,8 +42,9 @@ def ortmodule_package() -> types.ModuleType:
     extensions.register_extensions()
     # A failed earlier import (e.g. by `import onnxruntime.training` before the aliases existed)
     # leaves nothing behind in sys.modules, so this import starts clean.
-    # Custom autograd.Function support needs torch_interop_utils, which we do not build yet: ORT
-    # reads this switch once, when `_custom_autograd_function` is first imported.
+    # ORT reads this switch once, when `_custom_autograd_function` is first imported; importing with
+    # custom autograd.Function support off keeps the import from compiling lightning_ort's runner
+    # extension. `custom_function.custom_function_support()` turns it on afterwards.
     with _scoped_env(ORTMODULE_ENABLE_CUSTOM_AUTOGRAD="0"):
         try:
             package = importlib.import_module(_ORTMODULE)
