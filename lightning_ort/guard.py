@@ -57,6 +57,13 @@ def _reason(error: BaseException) -> str:
     return f"{type(root).__name__}: {text[:600]}"
 
 
+def _autocast_state() -> tuple[bool, torch.dtype]:
+    for device in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device):
+            return True, torch.get_autocast_dtype(device)
+    return False, torch.float32
+
+
 class ORTGuard:
     """Callable installed as ``owner.forward``: ORT when it can, PyTorch with one warning when it cannot."""
 
@@ -74,6 +81,7 @@ class ORTGuard:
         self._adapter = ForwardAdapter.for_module(owner)
         self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
         self._batch_norms = _compat.batch_counters(owner)
+        self._graph_autocast: dict[bool, tuple[bool, torch.dtype]] = {}
 
     @property
     def ort_module(self) -> torch.nn.Module | None:
@@ -90,12 +98,18 @@ class ORTGuard:
         if self._ort_module is None or self._gave_up(training) or (training and not torch.is_grad_enabled()):
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
+        # The graph bakes in the autocast casts it was exported with; ORT does not re-export when
+        # autocast changes, so a call under another autocast state runs in PyTorch.
+        autocast = _autocast_state()
+        if self._graph_autocast.setdefault(training, autocast) != autocast:
+            self.report.torch_calls += 1
+            return self._torch_forward(*args, **kwargs)
         if self._ort_module.training != training:
             _compat.set_training_flag(self._ort_module, training)
         try:
             output = self._ort_module(*args, **kwargs)
         except Exception as error:
-            self._give_up(error, training)
+            self._give_up(error, training, autocast)
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
         if training:
@@ -103,8 +117,13 @@ class ORTGuard:
         self.report.ort_calls += 1
         return output
 
-    def _give_up(self, error: Exception, training: bool) -> None:
+    def _give_up(self, error: Exception, training: bool, autocast: tuple[bool, torch.dtype]) -> None:
         reason = _reason(error)
+        if autocast[0] and "Could not find an implementation" in reason:
+            reason += (
+                f" (under {autocast[1]} autocast: this ORT build has no {autocast[1]} kernel for the op; "
+                "precision='32-true' keeps the module in ORT)"
+            )
         graph = "training" if training else "inference"
         if training:
             self.report.fallback_reason = reason

@@ -16,6 +16,9 @@ from typing_extensions import override
 
 from lightning_ort import _compat
 from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
+from lightning_ort.memory import validate_memory_options
+from lightning_ort.optim import fuse_optimizer
+from lightning_ort.precision import ort_precision
 from lightning_ort.selection import FORWARD, select_modules
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,14 @@ class ORTStrategy(SingleDeviceStrategy):
             custom backward are called back in Python). ``None``: on when lightning_ort's C++ runner
             can be built (g++, ninja) or is cached; ``False``: modules applying them train in PyTorch
             after one warning; ``True``: error if the runner cannot be built.
+        fused_optimizer: replace a torch ``Adam``/``AdamW`` from ``configure_optimizers`` with a fused
+            implementation (torch's fused kernels on CPU, ORT's ``FusedAdam`` on CUDA). Other
+            optimizers are left as they are.
+        memory_optimization_level: ORT's memory optimizer, as ORT 1.19.2 defines it: 0 applies only the
+            recompute plans of ``memory_optimizer_config``; 1 recomputes transformer layers' activations
+            in the backward pass; 2 also recomputes "compromised" subgraphs (more compute, less memory).
+        memory_optimizer_config: JSON file with a list of recompute plans (e.g. ``["BiasGelu+:1:-1"]``),
+            applied at level 0.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -62,6 +73,9 @@ class ORTStrategy(SingleDeviceStrategy):
         intra_op_num_threads: int | None = None,
         allow_spinning: bool = False,
         custom_autograd: bool | None = None,
+        fused_optimizer: bool = False,
+        memory_optimization_level: int = 0,
+        memory_optimizer_config: str | None = None,
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -87,8 +101,13 @@ class ORTStrategy(SingleDeviceStrategy):
         self.log_level: LogLevel = log_level
         self.fallback: FallbackMode = fallback
         self.custom_autograd = custom_autograd
+        self.fused_optimizer = fused_optimizer
         self.runtime_options = _compat.ORTRuntimeOptions(
-            log_level=log_level, intra_op_num_threads=intra_op_num_threads, allow_spinning=allow_spinning
+            log_level=log_level,
+            intra_op_num_threads=intra_op_num_threads,
+            allow_spinning=allow_spinning,
+            memory_optimization_level=memory_optimization_level,
+            memory_optimizer_config=validate_memory_options(memory_optimization_level, memory_optimizer_config),
         )
         self._device_given = device is not None
         self._guards: list[ORTGuard] = []
@@ -109,6 +128,26 @@ class ORTStrategy(SingleDeviceStrategy):
     def ort_reports(self) -> list[ORTModuleReport]:
         """One report per module ORT was asked to run in the current or last run (calls, fallback reason)."""
         return self._retired + [guard.report for guard in self._guards]
+
+    @property  # type: ignore[override]
+    def precision_plugin(self) -> Precision:
+        return self._precision_plugin if self._precision_plugin is not None else Precision()
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        self._precision_plugin = None if plugin is None else ort_precision(plugin)
+
+    @override
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        super().setup_optimizers(trainer)
+        if not self.fused_optimizer:
+            return
+        fused = [fuse_optimizer(optimizer) for optimizer in self.optimizers]
+        for config in self.lr_scheduler_configs:
+            for old, new in zip(self.optimizers, fused, strict=True):
+                if config.scheduler.optimizer is old:  # type: ignore[union-attr]
+                    config.scheduler.optimizer = new  # type: ignore[union-attr]
+        self.optimizers = fused
 
     @property
     def ort_modules(self) -> dict[str, torch.nn.Module]:

@@ -8,7 +8,14 @@ from lightning_ort._compat.batchnorm import advance_batch_counters, batch_counte
 from lightning_ort._compat.custom_function import custom_function_support, custom_function_support_enabled
 from lightning_ort._compat.flavour import check_device, check_installation
 from lightning_ort._compat.loader import ort_module_class, ortmodule_package
-from lightning_ort._compat.runtime import ORTRuntimeOptions, exported_model, set_training_flag, wrap_module
+from lightning_ort._compat.runtime import (
+    ORTRuntimeOptions,
+    exported_model,
+    memory_optimization_level,
+    recompute_plans,
+    set_training_flag,
+    wrap_module,
+)
 
 __all__ = [
     "ORTRuntimeOptions",
@@ -19,8 +26,10 @@ __all__ = [
     "custom_function_support",
     "custom_function_support_enabled",
     "exported_model",
+    "memory_optimization_level",
     "ort_module_class",
     "ortmodule_package",
+    "recompute_plans",
     "set_training_flag",
     "wrap_module",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +24,16 @@ class ORTRuntimeOptions:
         intra_op_num_threads: threads of ORT's intra-op pool; ``None`` lets ORT choose.
         allow_spinning: whether idle ORT threads spin (fast hand-off, but they compete with torch's threads).
         session_config: extra ``SessionOptions.add_session_config_entry`` items.
+        memory_optimization_level: ORT's ``_MemoryOptimizationLevel`` (0, 1 or 2).
+        memory_optimizer_config: path of a JSON list of recompute plans (used at level 0).
     """
 
     log_level: str = "WARNING"
     intra_op_num_threads: int | None = None
     allow_spinning: bool = False
     session_config: dict[str, str] = field(default_factory=dict)
+    memory_optimization_level: int = 0
+    memory_optimizer_config: str | None = None
 
     def session_entries(self) -> dict[str, str]:
         entries = {"session.intra_op.allow_spinning": "1" if self.allow_spinning else "0"}
@@ -73,6 +78,8 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         raise RuntimeError(f"ORTModule could not be created: {ort_module._fallback_manager._exception}")
     from onnxruntime.training.ortmodule.options import _SkipCheck
 
+    training_manager = _execution_managers(ort_module)[0]
+    _apply_memory_options(training_manager._runtime_options, options)
     for manager in _execution_managers(ort_module):
         # ORT's default "fast path" never looks at the inputs or at requires_grad again after the
         # first step, so a new input key or a layer unfrozen mid-training would go unnoticed.
@@ -80,6 +87,29 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         setattr(manager, SESSION_ENTRIES_ATTR, options.session_entries())
         setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
     return ort_module
+
+
+def _apply_memory_options(runtime_options: Any, options: ORTRuntimeOptions) -> None:
+    """What ORT's ORTMODULE_MEMORY_OPT_LEVEL / ORTMODULE_MEMORY_OPT_CONFIG would set, for one module."""
+    runtime_options.memory_optimization_level = options.memory_optimization_level
+    runtime_options.memory_optimizer_config_file_path = options.memory_optimizer_config or ""
+    if options.memory_optimization_level in (1, 2):
+        # probe recompute subgraphs within transformer layer boundaries, as ORT does for these levels
+        runtime_options.recompute_probe_config = "1:1"
+
+
+def memory_optimization_level(ort_module: torch.nn.Module) -> int:
+    """The memory optimization level ORT's training graph of ``ort_module`` uses."""
+    return int(_execution_managers(ort_module)[0]._runtime_options.memory_optimization_level)
+
+
+def recompute_plans(ort_module: torch.nn.Module) -> list[str]:
+    """The recompute plans ORT's memory optimizer applies to the training graph (after the first step)."""
+    path = _execution_managers(ort_module)[0]._runtime_options.memory_optimizer_config_file_path
+    if not path:
+        return []
+    with open(path) as file:
+        return [plan for plan in json.load(file) if plan]
 
 
 def exported_model(ort_module: torch.nn.Module, training: bool) -> onnx.ModelProto | None:

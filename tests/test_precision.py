@@ -1,0 +1,49 @@
+"""Precision with ORTStrategy: 32-true in ORT, mixed precision never silently wrong, others rejected."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import lightning as L
+import pytest
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both, trainer_kwargs
+from models import CNN, MLP, image_loader, mlp_loader
+
+from lightning_ort import ORTStrategy
+from lightning_ort.precision import ORTPrecision
+
+
+def test_bf16_mixed_on_cpu_falls_back_naming_the_missing_kernel() -> None:
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        eager, ort = fit_both(MLP, mlp_loader, 6, precision="bf16-mixed")
+    assert isinstance(ort.trainer.strategy.precision_plugin, ORTPrecision)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None
+    assert re.search(
+        r"Could not find an implementation for Gemm\(13\).*no torch.bfloat16 kernel", report.fallback_reason
+    )
+    assert sum("ORT cannot run" in str(r.message) for r in records) == 1
+    # PyTorch trained it under the same autocast: exactly the eager bf16 result
+    assert_losses_match(eager, ort, rtol=0)
+    assert_states_match(eager, ort, atol=0, rtol=0)
+
+
+def test_32_true_trains_in_ort_with_gradient_clipping() -> None:
+    eager, ort = fit_both(CNN, image_loader, 12, gradient_clip_val=0.05)
+    assert_ort_ran(ort, 12)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+@pytest.mark.parametrize("precision", ["64-true", "bf16-true", "16-true", "transformer-engine"])
+def test_unsupported_precisions_are_rejected_before_training(precision: str) -> None:
+    with pytest.raises((ValueError, ImportError), match=r"ORTStrategy does not support precision|transformer.engine"):
+        L.Trainer(strategy=ORTStrategy(), precision=precision, **trainer_kwargs())
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_supported_precisions_are_accepted(precision: str) -> None:
+    trainer = L.Trainer(strategy="ort", precision=precision, **trainer_kwargs())
+    assert trainer.strategy.precision_plugin is not None
