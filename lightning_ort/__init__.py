@@ -2,15 +2,23 @@
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_ort.errors import ORTFallbackError, ORTSetupError, ORTUnsupportedModelError
+from lightning_ort.errors import (
+    ONNXExportError,
+    ORTFallbackError,
+    ORTParityError,
+    ORTSetupError,
+    ORTUnsupportedModelError,
+)
 from lightning_ort.guard import ORTModuleReport
 from lightning_ort.strategy import ORTStrategy
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ONNXExportError",
     "ORTFallbackError",
     "ORTModuleReport",
+    "ORTParityError",
     "ORTSetupError",
     "ORTStrategy",
     "ORTUnsupportedModelError",

@@ -13,3 +13,11 @@ class ORTFallbackError(RuntimeError):
 
 class ORTUnsupportedModelError(RuntimeError):
     """A module that ORT would export or differentiate incorrectly, so it must not run in ORT."""
+
+
+class ORTParityError(RuntimeError):
+    """ORT's loss or gradients differ from eager PyTorch's beyond the tolerance of ``ORTParityCheck``."""
+
+
+class ONNXExportError(RuntimeError):
+    """``ONNXExport`` could not write an ONNX model that runs like the trained PyTorch model."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -140,6 +142,18 @@ class ORTGuard:
             f"graph; PyTorch runs it in {'training' if training else 'eval/no-grad'} mode from now on. "
             f"Reason: {reason}"
         )
+
+    @contextlib.contextmanager
+    def bypassed(self) -> Iterator[None]:
+        """Inside the block ``owner(...)`` runs the owner class's own forward in PyTorch (nothing is counted)."""
+        installed = self.owner.__dict__.get("forward") is self
+        if installed:
+            del self.owner.__dict__["forward"]
+        try:
+            yield
+        finally:
+            if installed:
+                self.owner.forward = self  # type: ignore[method-assign]
 
     def install(self) -> None:
         """Route ``owner(...)`` through this guard."""

@@ -6,8 +6,28 @@ environment variables, private attributes and torch compatibility shims stay ins
 
 from lightning_ort._compat.batchnorm import advance_batch_counters, batch_counters
 from lightning_ort._compat.custom_function import custom_function_support, custom_function_support_enabled
+from lightning_ort._compat.deploy import (
+    ArtifactLoss,
+    ArtifactOptimizer,
+    check_training_artifacts,
+    generate_training_artifacts,
+    non_standard_ops,
+    standard_onnx_symbolics,
+)
 from lightning_ort._compat.flavour import check_device, check_installation
+from lightning_ort._compat.graphs import GRAPH_STAGES, GraphStage, save_graphs, saved_graph_path
 from lightning_ort._compat.loader import ort_module_class, ortmodule_package
+from lightning_ort._compat.logs import (
+    LOG_LEVELS,
+    NATIVE_LOGGER,
+    PYTHON_LOGGER,
+    LogLevelName,
+    NativeLogCapture,
+    PythonLogRoute,
+    python_level,
+    set_log_level,
+    set_python_log_level,
+)
 from lightning_ort._compat.runtime import (
     ORTRuntimeOptions,
     exported_model,
@@ -18,18 +38,37 @@ from lightning_ort._compat.runtime import (
 )
 
 __all__ = [
+    "GRAPH_STAGES",
+    "LOG_LEVELS",
+    "NATIVE_LOGGER",
+    "PYTHON_LOGGER",
+    "ArtifactLoss",
+    "ArtifactOptimizer",
+    "GraphStage",
+    "LogLevelName",
+    "NativeLogCapture",
     "ORTRuntimeOptions",
+    "PythonLogRoute",
     "advance_batch_counters",
     "batch_counters",
     "check_device",
     "check_installation",
+    "check_training_artifacts",
     "custom_function_support",
     "custom_function_support_enabled",
     "exported_model",
+    "generate_training_artifacts",
     "memory_optimization_level",
+    "non_standard_ops",
     "ort_module_class",
     "ortmodule_package",
+    "python_level",
     "recompute_plans",
+    "save_graphs",
+    "saved_graph_path",
+    "set_log_level",
+    "set_python_log_level",
     "set_training_flag",
+    "standard_onnx_symbolics",
     "wrap_module",
 ]
