@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import re
+import subprocess
+import sys
 
 import lightning as L
 import pytest
@@ -90,3 +93,14 @@ def test_conflicting_onnxruntime_distributions_are_explained(monkeypatch: pytest
     monkeypatch.setattr(flavour, "installed_distributions", lambda: {"onnxruntime": "1.23.0"})
     with pytest.raises(ORTSetupError, match=r"No ONNX Runtime training build.*onnxruntime has no training code"):
         flavour.check_installation()
+
+
+def test_loading_ort_leaves_the_root_logger_alone() -> None:
+    # ORT's modules call logging.basicConfig at import; a fresh process shows whether it leaks.
+    code = (
+        "import logging; from lightning_ort import _compat; _compat.ortmodule_package(); "
+        "root = logging.getLogger(); print(len(root.handlers), root.level)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["0", str(logging.WARNING)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import os
 import sys
 import types
@@ -33,9 +34,28 @@ def _scoped_env(**values: str) -> Iterator[None]:
                 os.environ[key] = old
 
 
+@contextlib.contextmanager
+def _root_logger_untouched() -> Iterator[None]:
+    """ORT's modules call ``logging.basicConfig`` at import, which would restyle the user's logs."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+
+
 @functools.cache
 def ortmodule_package() -> types.ModuleType:
     """Return ``onnxruntime.training.ortmodule``, made importable and usable on this torch."""
+    with _root_logger_untouched():
+        return _load_ortmodule()
+
+
+def _load_ortmodule() -> types.ModuleType:
     check_installation()
     install_torch_onnx_aliases()
     install_cpu_nvtx()
