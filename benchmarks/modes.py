@@ -1,0 +1,101 @@
+"""How one workload is trained in each benchmark mode; each returns per-step wall times."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from workloads import Batch, Workload
+
+import lightning_ort
+from lightning_ort import _compat
+
+MODES = ("eager", "ort", "raw_ort", "compile")
+
+
+class BenchModule(L.LightningModule):
+    """The workload's model inside a LightningModule whose steps call ``self(x)``."""
+
+    def __init__(self, workload: Workload, model: nn.Module) -> None:
+        super().__init__()
+        self.workload = workload
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return self.workload.loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.workload.make_optimizer(list(self.parameters()))
+
+
+class StepTimes(L.Callback):
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.times.append(time.perf_counter() - self._start)
+
+
+def _lightning(workload: Workload, model: nn.Module, batches: list[Batch], strategy: Any, device: str) -> list[float]:
+    timer = StepTimes()
+    trainer = L.Trainer(
+        accelerator=device,
+        devices=1,
+        strategy=strategy,
+        max_steps=len(batches),
+        callbacks=[timer],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(BenchModule(workload, model), torch.utils.data.DataLoader(batches, batch_size=None))
+    if isinstance(trainer.strategy, lightning_ort.ORTStrategy):
+        for report in trainer.strategy.ort_reports:
+            if not report.uses_ort or report.torch_calls:
+                raise RuntimeError(f"ORT did not run {report.name}: {report.fallback_reason}")
+    return timer.times
+
+
+def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device: str, options: Any) -> list[float]:
+    model = model.to(device)
+    ort_model = _compat.wrap_module(model, options)
+    optimizer = workload.make_optimizer(list(model.parameters()))
+    times = []
+    for x, y in batches:
+        start = time.perf_counter()
+        loss = workload.loss(ort_model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_mode(
+    mode: str, workload: Workload, batches: list[Batch], device: str, ort_options: dict[str, Any]
+) -> list[float]:
+    """Train ``workload`` on ``batches`` in ``mode``; the per-step wall times in seconds."""
+    torch.manual_seed(0)
+    model = workload.make_model()
+    if mode == "eager":
+        return _lightning(workload, model, batches, "auto", device)
+    if mode == "ort":
+        return _lightning(workload, model, batches, lightning_ort.ORTStrategy(**ort_options), device)
+    if mode == "raw_ort":
+        runtime = lightning_ort.ORTStrategy(**ort_options).runtime_options
+        return _raw_ort(workload, model, batches, device, runtime)
+    if mode == "compile":
+        return _lightning(workload, torch.compile(model), batches, "auto", device)
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")

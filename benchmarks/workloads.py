@@ -1,0 +1,173 @@
+"""Reference workloads of the benchmark: the same model, data and optimizer for every mode."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "gpt"))
+
+from model import GPT  # noqa: E402
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model, its batches, its loss and its optimizer."""
+
+    name: str
+    make_model: Callable[[], nn.Module]
+    make_batch: Callable[[torch.Generator], Batch]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+class GPTBody(nn.Module):
+    """The example GPT without its Lightning shell: token ids in, logits out."""
+
+    def __init__(self, vocab: int, d_model: int, layers: int, seq_len: int) -> None:
+        super().__init__()
+        gpt = GPT(vocab_size=vocab, d_model=d_model, n_heads=4, n_layers=layers, max_seq_len=seq_len)
+        self.tok_emb, self.pos_emb, self.blocks, self.ln_f, self.head = (
+            gpt.tok_emb,
+            gpt.pos_emb,
+            gpt.blocks,
+            gpt.ln_f,
+            gpt.head,
+        )
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok_emb(idx) + self.pos_emb[:, : idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def _lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+
+
+def _gpt(name: str, vocab: int, d_model: int, layers: int, seq: int, batch: int, pad: float) -> Workload:
+    def make_batch(g: torch.Generator) -> Batch:
+        window = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+        target = window[:, 1:].clone()
+        if pad:
+            target[torch.rand(target.shape, generator=g) < pad] = -100
+        return window[:, :-1], target
+
+    return Workload(
+        name,
+        lambda: GPTBody(vocab, d_model, layers, seq),
+        make_batch,
+        _lm_loss,
+        lambda params: torch.optim.AdamW(params, lr=3e-4),
+    )
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab: int, d_model: int, layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, 4, 4 * d_model, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids != 0
+        hidden = self.encoder(self.embed(ids), src_key_padding_mask=~mask)
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return self.head((hidden * weights).sum(1) / weights.sum(1).clamp(min=1))
+
+
+def _encoder(scale: int) -> Workload:
+    batch, seq, vocab = 16 * scale, 64, 2000
+
+    def make_batch(g: torch.Generator) -> Batch:
+        ids = torch.randint(1, vocab, (batch, seq), generator=g)
+        lengths = torch.randint(seq // 4, seq + 1, (batch,), generator=g)
+        ids[torch.arange(seq)[None, :] >= lengths[:, None]] = 0
+        return ids, torch.randint(0, 2, (batch,), generator=g)
+
+    return Workload(
+        "encoder",
+        lambda: Encoder(vocab, 128, 2),
+        make_batch,
+        F.cross_entropy,
+        lambda params: torch.optim.AdamW(params, lr=1e-4),
+    )
+
+
+def _cnn(scale: int) -> Workload:
+    batch = 32 * scale
+
+    def make_model() -> nn.Module:
+        def block(cin: int, cout: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+        return nn.Sequential(
+            *block(3, 32),
+            *block(32, 32),
+            nn.MaxPool2d(2),
+            *block(32, 64),
+            *block(64, 64),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 8 * 8, 10),
+        )
+
+    def make_batch(g: torch.Generator) -> Batch:
+        return torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+    return Workload(
+        "cnn", make_model, make_batch, F.cross_entropy, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    )
+
+
+def _mlp(scale: int) -> Workload:
+    batch, width = 128 * scale, 1024
+
+    def make_model() -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(784, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, 10),
+        )
+
+    def make_batch(g: torch.Generator) -> Batch:
+        return torch.randn(batch, 784, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+    return Workload("mlp", make_model, make_batch, F.cross_entropy, lambda params: torch.optim.SGD(params, lr=0.01))
+
+
+def workloads(size: str) -> dict[str, Workload]:
+    """The reference workloads at ``size`` ("tiny" for smoke tests, "full" for measurements)."""
+    if size == "tiny":
+        items = [
+            _gpt("gpt", 128, 32, 1, 16, 2, 0.0),
+            _gpt("gpt_padded", 512, 32, 1, 16, 2, 0.5),
+            _encoder(1),
+            _cnn(1),
+            _mlp(1),
+        ]
+    elif size == "full":
+        items = [
+            _gpt("gpt", 1000, 256, 4, 128, 8, 0.0),
+            _gpt("gpt_padded", 8000, 256, 4, 128, 8, 0.48),
+            _encoder(2),
+            _cnn(2),
+            _mlp(4),
+        ]
+    else:
+        raise ValueError(f"size must be 'tiny' or 'full', not {size!r}")
+    return {w.name: w for w in items}
