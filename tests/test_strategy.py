@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import logging
 import os
 import re
@@ -104,3 +106,11 @@ def test_loading_ort_leaves_the_root_logger_alone() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["0", str(logging.WARNING)]
+
+
+def test_trains_in_ort_when_stdout_has_no_file_descriptor() -> None:
+    # notebooks and IDE consoles replace sys.stdout with objects that have no file descriptor
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        result = fit(MLP(), mlp_loader(), "ort", max_steps=3)
+    assert result.reports[0].fallback_reason is None
+    assert result.reports[0].ort_calls == 3

@@ -184,7 +184,7 @@ def _batch_norm_state(module: torch.nn.Module) -> tuple[set[int], list[str]]:
     for name, layer in module.named_modules():
         if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and layer.track_running_stats:
             if layer.momentum is None:
-                unsupported.append(name or type(layer).__name__)
+                unsupported.append(name.removeprefix("_original_module.") or type(layer).__name__)
             handled.update(id(buffer) for buffer in layer.buffers(recurse=False))
     return handled, unsupported
 

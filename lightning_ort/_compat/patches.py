@@ -122,6 +122,32 @@ def _buffers_in_reprocess_check() -> None:
     GraphTransitionManager._reprocess_check = staticmethod(_reprocess_check)  # type: ignore[method-assign]
 
 
+def _stream_suppression_without_file_descriptors() -> None:
+    """ORT silences the exporter by redirecting the stdout/stderr file descriptors. Where
+    ``sys.stdout`` has none (notebooks, IDE consoles, ``redirect_stdout(StringIO())``) that raised and
+    the module fell back to PyTorch; there the output is simply not silenced."""
+    import contextlib as _contextlib
+    import sys
+
+    from onnxruntime.training.ortmodule import _logger
+
+    original = _logger._suppress_os_stream_output
+
+    def _has_descriptors() -> bool:
+        try:
+            return all(isinstance(stream.fileno(), int) for stream in (sys.stdout, sys.stderr))
+        except (AttributeError, OSError, ValueError):
+            return False
+
+    @functools.wraps(original)
+    def _suppress_os_stream_output(enable: bool = True, on_exit: Any = None) -> Any:
+        if enable and not _has_descriptors():
+            return _contextlib.nullcontext()
+        return original(enable=enable, on_exit=on_exit)
+
+    _logger._suppress_os_stream_output = _suppress_os_stream_output
+
+
 def install() -> None:
     """Install all hooks (called once by the loader)."""
     from lightning_ort._compat import attention, batchnorm
@@ -133,4 +159,5 @@ def install() -> None:
     _tolerate_symbolic_shape_failures()
     _feature_table_at_info_level()
     _buffers_in_reprocess_check()
+    _stream_suppression_without_file_descriptors()
     _skip_gpu_allocator_without_cuda_provider()
