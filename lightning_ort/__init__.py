@@ -2,6 +2,7 @@
 
 from lightning.pytorch.strategies import StrategyRegistry
 
+from lightning_ort.ddp import ORTDDPStrategy
 from lightning_ort.errors import (
     ONNXExportError,
     ORTFallbackError,
@@ -11,18 +12,22 @@ from lightning_ort.errors import (
 )
 from lightning_ort.guard import ORTModuleReport
 from lightning_ort.strategy import ORTStrategy
+from lightning_ort.wrapping import ORTStrategyMixin
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ONNXExportError",
+    "ORTDDPStrategy",
     "ORTFallbackError",
     "ORTModuleReport",
     "ORTParityError",
     "ORTSetupError",
     "ORTStrategy",
+    "ORTStrategyMixin",
     "ORTUnsupportedModelError",
     "__version__",
 ]
 
 ORTStrategy.register_strategies(StrategyRegistry)
+ORTDDPStrategy.register_strategies(StrategyRegistry)

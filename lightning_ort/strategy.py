@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Literal
-
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
-from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
-from lightning_ort import _compat
-from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
-from lightning_ort.memory import validate_memory_options
-from lightning_ort.optim import fuse_optimizer
-from lightning_ort.precision import ort_precision
-from lightning_ort.selection import FORWARD, select_modules
+from lightning_ort.guard import FallbackMode
+from lightning_ort.wrapping import LogLevel, ORTStrategyMixin
 
-log = logging.getLogger(__name__)
-
-LogLevel = Literal["VERBOSE", "INFO", "WARNING", "ERROR", "FATAL"]
-_LOG_LEVELS = ("VERBOSE", "INFO", "WARNING", "ERROR", "FATAL")
-_FALLBACKS = ("warn", "raise")
+__all__ = ["LogLevel", "ORTStrategy"]
 
 
-class ORTStrategy(SingleDeviceStrategy):
+class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
     """Train on one device with the LightningModule's compute running in ONNX Runtime (ORTModule).
 
     By default the LightningModule's own ``forward`` becomes one ORT graph, so ``self(x)`` in the
@@ -87,32 +75,18 @@ class ORTStrategy(SingleDeviceStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        if log_level not in _LOG_LEVELS:
-            raise ValueError(f"ORTStrategy(log_level={log_level!r}) is not one of {', '.join(_LOG_LEVELS)}.")
-        if fallback not in _FALLBACKS:
-            raise ValueError(f"ORTStrategy(fallback={fallback!r}) must be 'warn' or 'raise'.")
-        if modules is not None and (
-            isinstance(modules, str) or not all(isinstance(name, str) and name for name in modules)
-        ):
-            raise TypeError(f"ORTStrategy(modules={modules!r}) must be a list of submodule names, e.g. ['encoder'].")
-        if intra_op_num_threads is not None and (not isinstance(intra_op_num_threads, int) or intra_op_num_threads < 1):
-            raise ValueError(f"ORTStrategy(intra_op_num_threads={intra_op_num_threads!r}) must be a positive int.")
-        self.modules = list(modules) if modules is not None else None
-        self.log_level: LogLevel = log_level
-        self.fallback: FallbackMode = fallback
-        self.custom_autograd = custom_autograd
-        self.fused_optimizer = fused_optimizer
-        self.runtime_options = _compat.ORTRuntimeOptions(
-            log_level=log_level,
-            intra_op_num_threads=intra_op_num_threads,
-            allow_spinning=allow_spinning,
-            memory_optimization_level=memory_optimization_level,
-            memory_optimizer_config=validate_memory_options(memory_optimization_level, memory_optimizer_config),
+        self._init_ort(
+            modules,
+            log_level,
+            fallback,
+            intra_op_num_threads,
+            allow_spinning,
+            custom_autograd,
+            fused_optimizer,
+            memory_optimization_level,
+            memory_optimizer_config,
         )
         self._device_given = device is not None
-        self._guards: list[ORTGuard] = []
-        self._retired: list[ORTModuleReport] = []
-        self._auto_forward = False
 
     @property
     def parallel_devices(self) -> list[torch.device] | None:
@@ -121,104 +95,14 @@ class ORTStrategy(SingleDeviceStrategy):
 
     @parallel_devices.setter
     def parallel_devices(self, devices: list[torch.device] | None) -> None:
+        if devices and len(devices) > 1:
+            raise ValueError(
+                f"ORTStrategy trains on one device; the Trainer asks for {len(devices)} "
+                f"({', '.join(map(str, devices))}). Fix: Trainer(strategy='ort_ddp', devices={len(devices)}) "
+                "trains on all of them through ORT, or pass devices=1."
+            )
         if devices and not self._device_given:
             self._root_device = torch.device(devices[0])
-
-    @property
-    def ort_reports(self) -> list[ORTModuleReport]:
-        """One report per module ORT was asked to run in the current or last run (calls, fallback reason)."""
-        return self._retired + [guard.report for guard in self._guards]
-
-    @property  # type: ignore[override]
-    def precision_plugin(self) -> Precision:
-        return self._precision_plugin if self._precision_plugin is not None else Precision()
-
-    @precision_plugin.setter
-    def precision_plugin(self, plugin: Precision | None) -> None:
-        self._precision_plugin = None if plugin is None else ort_precision(plugin)
-
-    @override
-    def setup_optimizers(self, trainer: pl.Trainer) -> None:
-        super().setup_optimizers(trainer)
-        if not self.fused_optimizer:
-            return
-        fused = [fuse_optimizer(optimizer) for optimizer in self.optimizers]
-        for config in self.lr_scheduler_configs:
-            for old, new in zip(self.optimizers, fused, strict=True):
-                if config.scheduler.optimizer is old:  # type: ignore[union-attr]
-                    config.scheduler.optimizer = new  # type: ignore[union-attr]
-        self.optimizers = fused
-
-    @property
-    def ort_modules(self) -> dict[str, torch.nn.Module]:
-        """The ORTModules of the current run by name (``"forward"`` or a submodule name), for callbacks."""
-        return {guard.report.name: guard.ort_module for guard in self._guards if guard.ort_module is not None}
-
-    @override
-    def setup(self, trainer: pl.Trainer) -> None:
-        _compat.check_installation()
-        _compat.check_device(self.root_device)
-        _compat.ortmodule_package()
-        super().setup(trainer)
-
-    @override
-    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        assert isinstance(model, pl.LightningModule)
-        self._teardown_guards()
-        self._retired = []
-        selection = select_modules(model, self.modules)
-        self._auto_forward = self.modules is None and selection == [FORWARD]
-        self._install(model, selection)
-        return model
-
-    def _install(self, model: pl.LightningModule, names: list[str]) -> None:
-        _compat.custom_function_support(self.custom_autograd)
-        for name in names:
-            owner = model if name == FORWARD else model.get_submodule(name)
-            guard = ORTGuard(name, owner, self.runtime_options, self.fallback)
-            guard.install()
-            self._guards.append(guard)
-        log.info("lightning_ort: ORT runs %s", ", ".join(names) or "nothing")
-
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        return self._after_step("training_step", super().training_step(*args, **kwargs))
-
-    @override
-    def validation_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        return self._after_step("validation_step", super().validation_step(*args, **kwargs))
-
-    @override
-    def test_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        return self._after_step("test_step", super().test_step(*args, **kwargs))
-
-    @override
-    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        return self._after_step("predict_step", super().predict_step(*args, **kwargs))
-
-    def _after_step(self, step: str, output: Any) -> Any:
-        """After the first step of a run: if it never called ``self(...)``, wrap the trainable children."""
-        if self._auto_forward:
-            self._auto_forward = False
-            if not (self._guards[0].report.ort_calls or self._guards[0].report.torch_calls):
-                model = self.lightning_module
-                assert model is not None
-                children = select_modules(model, None, prefer_forward=False)
-                log.info("lightning_ort: %s does not call self(...); ORT runs %s instead", step, ", ".join(children))
-                self._teardown_guards()
-                self._install(model, children)
-        return output
-
-    def _teardown_guards(self) -> None:
-        for guard in self._guards:
-            guard.uninstall()
-        self._retired += [guard.report for guard in self._guards]
-        self._guards = []
-
-    @override
-    def teardown(self) -> None:
-        self._teardown_guards()
-        super().teardown()
 
     @classmethod
     @override

@@ -1,0 +1,205 @@
+"""What every ORT strategy shares: its options, the ORT guards around the model, and their reports.
+
+:class:`ORTStrategyMixin` goes first in a Lightning strategy's bases (``class ORTDDPStrategy(
+ORTStrategyMixin, DDPStrategy)``). It installs the guards in ``_setup_model`` *before* calling the
+strategy's own ``_setup_model``, so a wrapper such as DDP wraps a LightningModule whose ``forward``
+(or whose children's) already runs in ORT, and removes them in ``teardown`` before the strategy
+unwraps the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
+
+from lightning_ort import _compat
+from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
+from lightning_ort.memory import validate_memory_options
+from lightning_ort.optim import fuse_optimizer
+from lightning_ort.precision import ort_precision
+from lightning_ort.selection import FORWARD, select_modules
+
+log = logging.getLogger(__name__)
+
+LogLevel = Literal["VERBOSE", "INFO", "WARNING", "ERROR", "FATAL"]
+_LOG_LEVELS = ("VERBOSE", "INFO", "WARNING", "ERROR", "FATAL")
+_FALLBACKS = ("warn", "raise")
+
+
+class ORTStrategyMixin(Strategy):
+    """Runs the LightningModule's compute in ONNX Runtime under any Lightning strategy it is mixed into.
+
+    Subclasses call :meth:`_init_ort` from ``__init__``. ``isinstance(strategy, ORTStrategyMixin)``
+    tells whether a Trainer trains through ORT (single-device or DDP).
+    """
+
+    modules: list[str] | None
+    log_level: LogLevel
+    fallback: FallbackMode
+    custom_autograd: bool | None
+    fused_optimizer: bool
+    runtime_options: _compat.ORTRuntimeOptions
+    _guards: list[ORTGuard]
+    _retired: list[ORTModuleReport]
+    _auto_forward: bool
+
+    def _init_ort(
+        self,
+        modules: list[str] | None,
+        log_level: LogLevel,
+        fallback: FallbackMode,
+        intra_op_num_threads: int | None,
+        allow_spinning: bool,
+        custom_autograd: bool | None,
+        fused_optimizer: bool = False,
+        memory_optimization_level: int = 0,
+        memory_optimizer_config: str | None = None,
+    ) -> None:
+        """Check and store the ORT options (every error names the strategy class and the bad value)."""
+        name = type(self).__name__
+        if log_level not in _LOG_LEVELS:
+            raise ValueError(f"{name}(log_level={log_level!r}) is not one of {', '.join(_LOG_LEVELS)}.")
+        if fallback not in _FALLBACKS:
+            raise ValueError(f"{name}(fallback={fallback!r}) must be 'warn' or 'raise'.")
+        if modules is not None and (
+            isinstance(modules, str)
+            or not isinstance(modules, (list, tuple))
+            or not all(isinstance(module, str) and module for module in modules)
+        ):
+            raise TypeError(f"{name}(modules={modules!r}) must be a list of submodule names, e.g. ['encoder'].")
+        if intra_op_num_threads is not None and (
+            isinstance(intra_op_num_threads, bool)
+            or not isinstance(intra_op_num_threads, int)
+            or intra_op_num_threads < 1
+        ):
+            raise ValueError(f"{name}(intra_op_num_threads={intra_op_num_threads!r}) must be a positive int.")
+        if not isinstance(allow_spinning, bool):
+            raise TypeError(f"{name}(allow_spinning={allow_spinning!r}) must be True or False.")
+        if custom_autograd is not None and not isinstance(custom_autograd, bool):
+            raise TypeError(f"{name}(custom_autograd={custom_autograd!r}) must be True, False or None.")
+        if not isinstance(fused_optimizer, bool):
+            raise TypeError(f"{name}(fused_optimizer={fused_optimizer!r}) must be True or False.")
+        memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
+        self.modules = list(modules) if modules is not None else None
+        self.log_level = log_level
+        self.fallback = fallback
+        self.custom_autograd = custom_autograd
+        self.fused_optimizer = fused_optimizer
+        self.runtime_options = _compat.ORTRuntimeOptions(
+            log_level=log_level,
+            intra_op_num_threads=intra_op_num_threads,
+            allow_spinning=allow_spinning,
+            memory_optimization_level=memory_optimization_level,
+            memory_optimizer_config=memory_optimizer_config,
+        )
+        self._guards = []
+        self._retired = []
+        self._auto_forward = False
+
+    @property
+    def ort_reports(self) -> list[ORTModuleReport]:
+        """One report per module ORT was asked to run in the current or last run (calls, fallback reason)."""
+        return self._retired + [guard.report for guard in self._guards]
+
+    @property
+    def ort_modules(self) -> dict[str, torch.nn.Module]:
+        """The ORTModules of the current run by name (``"forward"`` or a submodule name), for callbacks."""
+        return {guard.report.name: guard.ort_module for guard in self._guards if guard.ort_module is not None}
+
+    @property  # type: ignore[override]
+    def precision_plugin(self) -> Precision:
+        return self._precision_plugin if self._precision_plugin is not None else Precision()
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        # Lightning's MixedPrecision becomes ORTPrecision; precisions ORT cannot train are refused here.
+        self._precision_plugin = None if plugin is None else ort_precision(plugin)
+
+    @override
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        super().setup_optimizers(trainer)
+        if not self.fused_optimizer:
+            return
+        fused = [fuse_optimizer(optimizer) for optimizer in self.optimizers]
+        for config in self.lr_scheduler_configs:
+            for old, new in zip(self.optimizers, fused, strict=True):
+                if config.scheduler.optimizer is old:  # type: ignore[union-attr]
+                    config.scheduler.optimizer = new  # type: ignore[union-attr]
+        self.optimizers = fused
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        _compat.check_installation()
+        _compat.check_device(self.root_device)
+        _compat.ortmodule_package()
+        super().setup(trainer)
+
+    @override
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        assert isinstance(model, pl.LightningModule)
+        self._wrap_in_ort(model)
+        return super()._setup_model(model)
+
+    def _wrap_in_ort(self, model: pl.LightningModule) -> None:
+        """Install fresh guards on ``model`` (its forward, or the modules named in ``modules``)."""
+        self._teardown_guards()
+        self._retired = []
+        selection = select_modules(model, self.modules)
+        self._auto_forward = self.modules is None and selection == [FORWARD]
+        self._install(model, selection)
+
+    def _install(self, model: pl.LightningModule, names: list[str]) -> None:
+        _compat.custom_function_support(self.custom_autograd)
+        for name in names:
+            owner = model if name == FORWARD else model.get_submodule(name)
+            guard = ORTGuard(name, owner, self.runtime_options, self.fallback)
+            guard.install()
+            self._guards.append(guard)
+        log.info("lightning_ort: ORT runs %s", ", ".join(names) or "nothing")
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        return self._after_step("training_step", super().training_step(*args, **kwargs))
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        return self._after_step("validation_step", super().validation_step(*args, **kwargs))
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        return self._after_step("test_step", super().test_step(*args, **kwargs))
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        return self._after_step("predict_step", super().predict_step(*args, **kwargs))
+
+    def _after_step(self, step: str, output: Any) -> Any:
+        """After the first step of a run: if it never called ``self(...)``, wrap the trainable children."""
+        if self._auto_forward:
+            self._auto_forward = False
+            if not (self._guards[0].report.ort_calls or self._guards[0].report.torch_calls):
+                model = self.lightning_module
+                assert model is not None
+                children = select_modules(model, None, prefer_forward=False)
+                log.info("lightning_ort: %s does not call self(...); ORT runs %s instead", step, ", ".join(children))
+                self._teardown_guards()
+                self._install(model, children)
+        return output
+
+    def _teardown_guards(self) -> None:
+        for guard in self._guards:
+            guard.uninstall()
+        self._retired += [guard.report for guard in self._guards]
+        self._guards = []
+
+    @override
+    def teardown(self) -> None:
+        self._teardown_guards()
+        super().teardown()
