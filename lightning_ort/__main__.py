@@ -1,4 +1,8 @@
-"""Command line: ``python -m lightning_ort setup`` builds ORT's PyTorch extension ahead of time."""
+"""The ``lightning-ort`` command (also ``python -m lightning_ort``).
+
+``lightning-ort setup`` builds ORT's PyTorch extension ahead of time; ``lightning-ort fit|validate|test|predict``
+is a LightningCLI with ``lightning_ort`` imported (see :mod:`lightning_ort.cli`).
+"""
 
 from __future__ import annotations
 
@@ -25,18 +29,29 @@ def _setup(verbose: bool) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m lightning_ort`` and the ``lightning-ort`` command."""
-    parser = argparse.ArgumentParser(prog="lightning-ort", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    setup = commands.add_parser("setup", help="build ORT's PyTorch C++ extension into the cache and check the install")
-    setup.add_argument("--verbose", action="store_true", help="show the compiler output")
+def _setup_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="lightning-ort setup",
+        description="Build ORT's PyTorch C++ extensions into the cache and check the install.",
+    )
+    parser.add_argument("--verbose", action="store_true", help="show the compiler output")
     args = parser.parse_args(argv)
     try:
         return _setup(args.verbose)
     except ORTSetupError as error:
         print(f"lightning_ort: {error}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m lightning_ort`` and the ``lightning-ort`` command."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["setup"]:
+        return _setup_command(args[1:])
+    from lightning_ort.cli import main as cli_main
+
+    cli_main(None if argv is None else args)  # None: LightningCLI reads sys.argv itself
+    return 0
 
 
 if __name__ == "__main__":
