@@ -14,6 +14,7 @@ from lightning_ort._compat.deploy import (
     non_standard_ops,
     standard_onnx_symbolics,
 )
+from lightning_ort._compat.export_guard import attention_fast_path_off
 from lightning_ort._compat.flavour import check_device, check_installation
 from lightning_ort._compat.graphs import GRAPH_STAGES, GraphStage, save_graphs, saved_graph_path
 from lightning_ort._compat.loader import ort_module_class, ortmodule_package
@@ -50,6 +51,7 @@ __all__ = [
     "ORTRuntimeOptions",
     "PythonLogRoute",
     "advance_batch_counters",
+    "attention_fast_path_off",
     "batch_counters",
     "check_device",
     "check_installation",

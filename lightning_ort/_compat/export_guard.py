@@ -190,7 +190,7 @@ def _batch_norm_state(module: torch.nn.Module) -> tuple[set[int], list[str]]:
 
 
 @contextlib.contextmanager
-def _attention_fast_path_off() -> Iterator[None]:
+def attention_fast_path_off() -> Iterator[None]:
     """Trace nn.MultiheadAttention / nn.TransformerEncoder through their standard (math) path.
 
     In eval mode without grad, PyTorch takes fused fast paths (``_transformer_encoder_layer_fwd``,
@@ -249,7 +249,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         mutated = stack.enter_context(_preserved_buffers(module))
         stack.enter_context(_torchscript_exporter(exported))
-        stack.enter_context(_attention_fast_path_off())
+        stack.enter_context(attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
         records = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always", torch.jit.TracerWarning)

@@ -38,20 +38,14 @@ _NO_SAMPLE = (
 
 
 @contextlib.contextmanager
-def _mha_fast_path_off() -> Iterator[None]:
-    """nn.MultiheadAttention's fused eval-mode kernels have no ONNX form; the standard path computes the same."""
-    enabled = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(enabled)
-
-
-@contextlib.contextmanager
 def _plain_export(module: pl.LightningModule) -> Iterator[None]:
     """The user's own PyTorch module, standard ONNX ops, and no note that the exporter is the legacy one."""
-    with ort_bypassed(module), _compat.standard_onnx_symbolics(), _mha_fast_path_off(), warnings.catch_warnings():
+    with (
+        ort_bypassed(module),
+        _compat.standard_onnx_symbolics(),
+        _compat.attention_fast_path_off(),
+        warnings.catch_warnings(),
+    ):
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning)
         # torch's own input checks (shapes, MHA arguments) read tensor values while tracing; user code still warns.
@@ -295,5 +289,5 @@ class ONNXExport(Callback):
 
 def _run(pl_module: pl.LightningModule, sample: ForwardInput) -> Any:
     """``forward`` on the sample in PyTorch, computed the way the export traces it."""
-    with ort_bypassed(pl_module), _mha_fast_path_off():
+    with ort_bypassed(pl_module), _compat.attention_fast_path_off():
         return pl_module(*sample.args, **sample.kwargs)
