@@ -21,13 +21,9 @@ from models import MLP, mlp_loader
 from lightning_ort import ORTSetupError, ORTStrategy, _compat
 from lightning_ort._compat import custom_function, extensions, flavour
 from lightning_ort.ddp import ORTDDPStrategy
-from lightning_ort.wrapping import ORTStrategyMixin
 
 ORTDDPStrategy.register_strategies(StrategyRegistry)  # until lightning_ort/__init__.py registers it
 
-# ORTStrategy gains these checks when strategy.py builds on ORTStrategyMixin (see docs/distributed.md).
-_SHARED = issubclass(ORTStrategy, ORTStrategyMixin)
-_NOT_YET = pytest.mark.xfail(not _SHARED, reason="ORTStrategy does not use ORTStrategyMixin yet", strict=True)
 
 STRATEGIES = [ORTStrategy, ORTDDPStrategy]
 OPTION_ERRORS = [
@@ -53,9 +49,7 @@ def test_bad_options_name_the_strategy_and_the_value(cls: type, kwargs: dict, er
         cls(**kwargs)
 
 
-@pytest.mark.parametrize(
-    "cls", [pytest.param(ORTStrategy, marks=_NOT_YET), ORTDDPStrategy], ids=lambda cls: cls.__name__
-)
+@pytest.mark.parametrize("cls", [ORTStrategy, ORTDDPStrategy], ids=lambda cls: cls.__name__)
 @pytest.mark.parametrize(("kwargs", "error", "message"), NEW_OPTION_ERRORS)
 def test_wrong_types_are_not_taken_for_truthy_values(cls: type, kwargs: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=re.escape(cls.__name__ + message)):
@@ -73,7 +67,6 @@ def test_memory_options_and_precision_are_checked_for_both_strategies(cls: type)
         L.Trainer(strategy=cls(), precision="16-true", **trainer_kwargs())
 
 
-@_NOT_YET
 def test_ort_strategy_with_several_devices_points_to_ort_ddp() -> None:
     message = "ORTStrategy trains on one device; the Trainer asks for 2 (cpu, cpu). Fix: Trainer(strategy='ort_ddp'"
     with pytest.raises(ValueError, match=re.escape(message)):
