@@ -194,3 +194,33 @@ class BufferWriter(MLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.counter(self.body(x)))
+
+
+class DetachModel(MLP):
+    """Stop-gradients through ``.detach()``: a straight-through rounding and a detached target."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        quantized = hidden + (torch.sign(hidden) * hidden.abs().sqrt() - hidden).detach()
+        return self.head(quantized) + 0.1 * self.head(hidden).detach()
+
+
+class NoGradInForward(MLP):
+    """Part of the forward under torch.no_grad(): eager computes no gradient through it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.head(self.body(x))
+        return self.head(self.body(x)) + 0.5 * target
+
+
+class PythonCounter(MLP):
+    """The forward changes a plain Python attribute: a traced graph would freeze it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.head(self.body(x)) * (1.0 + 0.01 * (self.calls % 3))

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 from helpers import assert_losses_match, assert_states_match, fit, fit_both
-from models import BufferWriter, DataDependent, STEModel, mlp_loader
+from models import BufferWriter, DataDependent, NoGradInForward, PythonCounter, STEModel, mlp_loader
 
 from lightning_ort import ORTFallbackError, ORTStrategy
 
@@ -14,10 +14,13 @@ CASES = [
     (STEModel, "custom torch.autograd.Function(s) models.StraightThrough"),
     (DataDependent, "control flow or values that depend on tensor data"),
     (BufferWriter, "updates buffer(s) counter.calls in place"),
+    (NoGradInForward, "its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at"),
+    (PythonCounter, "its forward changes Python attribute(s) self.calls"),
 ]
+IDS = ["autograd_function", "data_dependent", "buffer_write", "no_grad", "python_state"]
 
 
-@pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=["autograd_function", "data_dependent", "buffer_write"])
+@pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=IDS)
 def test_warn_once_and_train_like_eager(model_cls: type, reason: str) -> None:
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
@@ -33,7 +36,7 @@ def test_warn_once_and_train_like_eager(model_cls: type, reason: str) -> None:
     assert_states_match(eager, ort, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=["autograd_function", "data_dependent", "buffer_write"])
+@pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=IDS)
 def test_raise_stops_with_reason(model_cls: type, reason: str) -> None:
     with pytest.raises(ORTFallbackError, match="ORT cannot run `forward`") as info:
         fit(model_cls(), mlp_loader(), ORTStrategy(fallback="raise", custom_autograd=False), max_steps=2)

@@ -10,7 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both, trainer_kwargs
-from models import CNN, MLP, ChildrenOnly, EncoderClassifier, TupleOutput, dict_loader, image_loader, mlp_loader
+from models import (
+    CNN,
+    MLP,
+    ChildrenOnly,
+    DetachModel,
+    EncoderClassifier,
+    TupleOutput,
+    dict_loader,
+    image_loader,
+    mlp_loader,
+)
 
 from lightning_ort import ORTStrategy
 
@@ -50,6 +60,13 @@ def test_transformer_encoder_with_padding_mask_dict_input_and_dict_output() -> N
     eager, ort = fit_both(EncoderClassifier, dict_loader, STEPS)
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort, rtol=2e-5)
+    assert_states_match(eager, ort)
+
+
+def test_detach_stops_gradients_in_ort_as_in_eager() -> None:
+    eager, ort = fit_both(DetachModel, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import io
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +34,9 @@ _UNSAFE_TRACER_PHRASES = (
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
+_COMPAT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_ORT_SPEC = importlib.util.find_spec("onnxruntime")
+_ORT_DIR = os.path.dirname(_ORT_SPEC.origin) + os.sep if _ORT_SPEC and _ORT_SPEC.origin else _COMPAT_DIR
 
 
 def _is_unsafe_tracer_warning(record: warnings.WarningMessage) -> bool:
@@ -206,6 +211,71 @@ def attention_fast_path_off() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(enabled)
 
 
+def _user_frame() -> str | None:
+    """``file:line`` of the innermost caller outside torch, this package and ORT, if any."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith((_TORCH_DIR, _COMPAT_DIR, _ORT_DIR)) and not filename.startswith("<frozen"):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+@contextlib.contextmanager
+def _record_grad_disabling() -> Iterator[list[str]]:
+    """Where the traced forward turns gradients off (``torch.no_grad()``, ``set_grad_enabled(False)``).
+
+    The trace keeps no trace of grad mode, so ORT would compute gradients through such regions.
+    """
+    seen: list[str] = []
+    original = torch._C._set_grad_enabled
+
+    def _set_grad_enabled(mode: bool) -> None:
+        if not mode and torch.jit.is_tracing():
+            location = _user_frame()
+            if location is not None and location not in seen:
+                seen.append(location)
+        original(mode)
+
+    torch._C._set_grad_enabled = _set_grad_enabled
+    try:
+        yield seen
+    finally:
+        torch._C._set_grad_enabled = original
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _python_state(module: torch.nn.Module) -> dict[tuple[int, str], object]:
+    """Plain Python attributes (numbers, strings, flags) of the user's modules."""
+    state = {}
+    for submodule in module.modules():
+        if submodule is module:  # ORT's _FlattenedModule keeps its own bookkeeping here
+            continue
+        for name, value in vars(submodule).items():
+            if isinstance(value, _PLAIN) and name != "training":
+                state[(id(submodule), name)] = value
+    return state
+
+
+@contextlib.contextmanager
+def _record_python_state_changes(module: torch.nn.Module) -> Iterator[list[str]]:
+    """Attributes the traced forward changes: the ORT graph would never run that code again."""
+    names = {id(submodule): name.removeprefix("_original_module") for name, submodule in module.named_modules()}
+    before = _python_state(module)
+    changed: list[str] = []
+    try:
+        yield changed
+    finally:
+        after = _python_state(module)
+        for key, value in after.items():
+            if key not in before or before[key] != value:
+                owner, attribute = key
+                changed.append(f"{names.get(owner, '').lstrip('.') or 'self'}.{attribute}")
+
+
 @contextlib.contextmanager
 def _preserved_buffers(module: torch.nn.Module) -> Iterator[list[str]]:
     """Undo buffer updates made by the forward runs the export does; list the buffers they changed.
@@ -251,6 +321,8 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
+        no_grad_regions = stack.enter_context(_record_grad_disabling())
+        python_changes = stack.enter_context(_record_python_state_changes(module))
         records = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always", torch.jit.TracerWarning)
         try:
@@ -268,6 +340,17 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     problem = _functions_problem(functions, exported)
     if problem is not None:
         raise ORTUnsupportedModelError(problem)
+    if no_grad_regions:
+        raise ORTUnsupportedModelError(
+            f"its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at {no_grad_regions[0]}); "
+            "ORT's graph would compute gradients through that region. Fix: compute it outside forward, "
+            "or use .detach() on its result, which ORT respects"
+        )
+    if python_changes:
+        raise ORTUnsupportedModelError(
+            f"its forward changes Python attribute(s) {', '.join(python_changes)}; ORT runs the traced graph "
+            "and would never run that code again"
+        )
     if mutated:
         raise ORTUnsupportedModelError(
             f"its forward updates buffer(s) {', '.join(mutated)} in place; an ONNX graph cannot write to "

@@ -150,10 +150,11 @@ def _stream_suppression_without_file_descriptors() -> None:
 
 def install() -> None:
     """Install all hooks (called once by the loader)."""
-    from lightning_ort._compat import attention, batchnorm
+    from lightning_ort._compat import attention, batchnorm, detach
 
     attention.register()
     batchnorm.register()
+    detach.register()
     _wrap_export()
     _wrap_session_config()
     _tolerate_symbolic_shape_failures()
