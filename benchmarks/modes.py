@@ -12,6 +12,7 @@ from workloads import Batch, Workload
 
 import lightning_ort
 from lightning_ort import _compat
+from lightning_ort.timing import StepTimer
 
 MODES = ("eager", "ort", "raw_ort", "compile")
 
@@ -35,20 +36,8 @@ class BenchModule(L.LightningModule):
         return self.workload.make_optimizer(list(self.parameters()))
 
 
-class StepTimes(L.Callback):
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._start = 0.0
-
-    def on_train_batch_start(self, *args: Any) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        self.times.append(time.perf_counter() - self._start)
-
-
 def _lightning(workload: Workload, model: nn.Module, batches: list[Batch], strategy: Any, device: str) -> list[float]:
-    timer = StepTimes()
+    timer = StepTimer(warmup=0)
     trainer = L.Trainer(
         accelerator=device,
         devices=1,
@@ -65,7 +54,7 @@ def _lightning(workload: Workload, model: nn.Module, batches: list[Batch], strat
         for report in trainer.strategy.ort_reports:
             if not report.uses_ort or report.torch_calls:
                 raise RuntimeError(f"ORT did not run {report.name}: {report.fallback_reason}")
-    return timer.times
+    return timer.step_times
 
 
 def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device: str, options: Any) -> list[float]:

@@ -15,17 +15,16 @@ import importlib
 import os
 import statistics
 import sys
-import time
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import ArgsType, LightningCLI
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
 import lightning_ort  # noqa: F401  (registers strategy="ort")
+from lightning_ort.timing import StepTimer
 from lightning_ort.wrapping import ORTStrategyMixin
 
 __all__ = ["ORTLightningCLI", "RunSummary", "main"]
@@ -36,7 +35,7 @@ through ONNX Runtime with `--trainer.strategy=ort` (lightning_ort is imported, s
 `lightning-ort setup [--verbose]` builds ORT's C++ extensions into the cache instead."""
 
 
-class RunSummary(Callback):
+class RunSummary(StepTimer):
     """At the end of ``fit``, ``validate`` or ``test``: print the final metrics, the training speed and
     what ORT ran; log ``steps_per_sec`` and ``first_step_sec`` to the Trainer's loggers.
 
@@ -47,43 +46,6 @@ class RunSummary(Callback):
     Args:
         warmup: steps left out of the median step time.
     """
-
-    def __init__(self, warmup: int = 5) -> None:
-        if not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"RunSummary(warmup={warmup!r}) must be an int >= 0.")
-        self.warmup = warmup
-        self.step_times: list[float] = []
-        self._start: float | None = None
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.step_times = []
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._start = time.perf_counter()
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self._start is not None:
-            self.step_times.append(time.perf_counter() - self._start)
-            self._start = None
-
-    @property
-    def median_step(self) -> float | None:
-        """Median seconds per training step after the first ``warmup`` (all but the first if there are too few)."""
-        steady = self.step_times[self.warmup :] or self.step_times[1:]
-        return statistics.median(steady) if steady else None
-
-    @property
-    def steps_per_second(self) -> float | None:
-        """``1 / median_step``, or ``None`` before two training steps."""
-        median = self.median_step
-        return 1.0 / median if median else None
 
     @override
     @rank_zero_only

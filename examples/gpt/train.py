@@ -20,10 +20,10 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from model import GPT, CharDataModule  # noqa: E402
-from timing import StepTimer  # noqa: E402
 
 import lightning_ort  # noqa: E402,F401  (registers strategy="ort")
 from lightning_ort import ORTStrategy  # noqa: E402
+from lightning_ort.timing import StepTimer  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""A Lightning callback that times each training batch."""
+"""``StepTimer``: a Lightning callback that times each training batch."""
 
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ class StepTimer(pl.Callback):
 
     def __init__(self, warmup: int = 5) -> None:
         super().__init__()
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"{type(self).__name__}(warmup={warmup!r}) must be an int >= 0.")
         self.warmup = warmup
         self.step_times: list[float] = []
         self._start: float | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.step_times = []
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
