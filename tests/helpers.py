@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,10 @@ class RunResult:
     trainer: L.Trainer
     model: L.LightningModule
     reports: list[lightning_ort.ORTModuleReport] = field(default_factory=list)
+
+    def after(self, step: int) -> RunResult:
+        """The same run with only the losses of the steps after ``step`` (to compare with a resumed run)."""
+        return dataclasses.replace(self, losses=self.losses[step:])
 
 
 def trainer_kwargs(**overrides: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from lightning_ort._compat.deploy import (
 from lightning_ort._compat.export_guard import attention_fast_path_off
 from lightning_ort._compat.flavour import check_device, check_installation
 from lightning_ort._compat.graphs import GRAPH_STAGES, GraphStage, save_graphs, saved_graph_path
-from lightning_ort._compat.loader import ort_module_class, ortmodule_package
+from lightning_ort._compat.loader import ortmodule_package
 from lightning_ort._compat.logs import (
     LOG_LEVELS,
     NATIVE_LOGGER,
@@ -62,7 +62,6 @@ __all__ = [
     "generate_training_artifacts",
     "memory_optimization_level",
     "non_standard_ops",
-    "ort_module_class",
     "ortmodule_package",
     "python_level",
     "recompute_plans",

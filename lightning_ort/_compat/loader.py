@@ -92,11 +92,6 @@ def _torch_version() -> str:
     return torch.__version__
 
 
-def ort_module_class() -> type:
-    """The ``ORTModule`` class, importable on this torch."""
-    return ortmodule_package().ORTModule
-
-
 def is_loaded() -> bool:
     """Whether ORT's training frontend was imported in this process."""
     return ortmodule_package.cache_info().currsize > 0 and _ORTMODULE in sys.modules

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Any
@@ -126,7 +127,6 @@ def _stream_suppression_without_file_descriptors() -> None:
     """ORT silences the exporter by redirecting the stdout/stderr file descriptors. Where
     ``sys.stdout`` has none (notebooks, IDE consoles, ``redirect_stdout(StringIO())``) that raised and
     the module fell back to PyTorch; there the output is simply not silenced."""
-    import contextlib as _contextlib
     import sys
 
     from onnxruntime.training.ortmodule import _logger
@@ -142,7 +142,7 @@ def _stream_suppression_without_file_descriptors() -> None:
     @functools.wraps(original)
     def _suppress_os_stream_output(enable: bool = True, on_exit: Any = None) -> Any:
         if enable and not _has_descriptors():
-            return _contextlib.nullcontext()
+            return contextlib.nullcontext()
         return original(enable=enable, on_exit=on_exit)
 
     _logger._suppress_os_stream_output = _suppress_os_stream_output
