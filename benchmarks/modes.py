@@ -14,7 +14,7 @@ import lightning_ort
 from lightning_ort import _compat
 from lightning_ort.timing import StepTimer
 
-MODES = ("eager", "ort", "raw_ort", "compile")
+MODES = ("eager", "ort", "ort_no_rewrites", "raw_ort", "compile")
 
 
 class BenchModule(L.LightningModule):
@@ -82,6 +82,9 @@ def run_mode(
         return _lightning(workload, model, batches, "auto", device)
     if mode == "ort":
         return _lightning(workload, model, batches, lightning_ort.ORTStrategy(**ort_options), device)
+    if mode == "ort_no_rewrites":  # the "before" of op_rewrites, side by side
+        strategy = lightning_ort.ORTStrategy(**{**ort_options, "op_rewrites": False})
+        return _lightning(workload, model, batches, strategy, device)
     if mode == "raw_ort":
         runtime = lightning_ort.ORTStrategy(**ort_options).runtime_options
         return _raw_ort(workload, model, batches, device, runtime)

@@ -14,11 +14,17 @@ from lightning_ort.errors import ORTSetupError
 
 def _setup(verbose: bool) -> int:
     from lightning_ort._compat import check_installation, ortmodule_package
-    from lightning_ort._compat.extensions import build_aten_op_executor, build_custom_function_runner
+    from lightning_ort._compat.extensions import (
+        build_aten_op_executor,
+        build_custom_function_runner,
+        load_convolution_ops,
+    )
 
     check_installation()
     path, built = build_aten_op_executor(verbose=verbose)
     print(f"lightning_ort: aten_op_executor {'built' if built else 'reused'}: {path}")
+    path = load_convolution_ops(verbose=verbose)
+    print(f"lightning_ort: convolution operators ready: {path}")
     try:
         path, built = build_custom_function_runner(verbose=verbose)
         print(f"lightning_ort: custom autograd.Function runner {'built' if built else 'reused'}: {path}")

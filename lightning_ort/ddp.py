@@ -49,6 +49,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         fused_optimizer: see :class:`~lightning_ort.ORTStrategy`.
         memory_optimization_level: see :class:`~lightning_ort.ORTStrategy`.
         memory_optimizer_config: see :class:`~lightning_ort.ORTStrategy`.
+        op_rewrites: see :class:`~lightning_ort.ORTStrategy`.
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         **kwargs: forwarded to ``torch.nn.parallel.DistributedDataParallel`` (e.g.
@@ -70,6 +71,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         fused_optimizer: bool = False,
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
+        op_rewrites: bool | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -109,6 +111,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             fused_optimizer,
             memory_optimization_level,
             memory_optimizer_config,
+            op_rewrites,
         )
 
     @override

@@ -44,6 +44,10 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             in the backward pass; 2 also recomputes "compromised" subgraphs (more compute, less memory).
         memory_optimizer_config: JSON file with a list of recompute plans (e.g. ``["BiasGelu+:1:-1"]``),
             applied at level 0.
+        op_rewrites: export the ops ORT's CPU kernels run slowly in faster forms: convolutions run
+            torch's kernels inside the ORT graph, ReLU becomes ``x * (x > 0)`` and constant-index
+            ``select`` becomes ``Slice`` (see the docs' performance page). ``None`` (default): on for
+            models on the CPU, off on CUDA. Same results as eager, except ``relu(-inf)`` gives NaN.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -64,6 +68,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         fused_optimizer: bool = False,
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
+        op_rewrites: bool | None = None,
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -85,6 +90,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             fused_optimizer,
             memory_optimization_level,
             memory_optimizer_config,
+            op_rewrites,
         )
         self._device_given = device is not None
 

@@ -61,6 +61,7 @@ class ORTStrategyMixin(Strategy):
         fused_optimizer: bool = False,
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
+        op_rewrites: bool | None = None,
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
@@ -86,6 +87,8 @@ class ORTStrategyMixin(Strategy):
             raise TypeError(f"{name}(custom_autograd={custom_autograd!r}) must be True, False or None.")
         if not isinstance(fused_optimizer, bool):
             raise TypeError(f"{name}(fused_optimizer={fused_optimizer!r}) must be True or False.")
+        if op_rewrites is not None and not isinstance(op_rewrites, bool):
+            raise TypeError(f"{name}(op_rewrites={op_rewrites!r}) must be True, False or None.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
         self.modules = list(modules) if modules is not None else None
         self.log_level = log_level
@@ -98,6 +101,7 @@ class ORTStrategyMixin(Strategy):
             allow_spinning=allow_spinning,
             memory_optimization_level=memory_optimization_level,
             memory_optimizer_config=memory_optimizer_config,
+            op_rewrites=op_rewrites,
         )
         self._guards = []
         self._retired = []

@@ -171,6 +171,39 @@ def load_custom_function_runner() -> types.ModuleType:
     return module
 
 
+CONVOLUTION_OPS = "lightning_ort_convolution"
+_convolution_ops_path: Path | None = None
+
+
+def convolution_ops_source() -> Path:
+    """lightning_ort's C++ source of the ``lightning_ort::convolution*`` operators (package data)."""
+    return Path(__file__).parent / "csrc" / "convolution.cc"
+
+
+def load_convolution_ops(verbose: bool = False) -> Path:
+    """Build (or reuse) and load the ``lightning_ort::convolution*`` operators; return the library's path."""
+    global _convolution_ops_path
+    if _convolution_ops_path is not None:  # a process loads them once (torch cannot unload operators)
+        return _convolution_ops_path
+    source = convolution_ops_source()
+    if not source.is_file():
+        raise ORTSetupError(
+            f"lightning_ort's C++ source {source} is missing: the package was installed without its data files. "
+            "Fix: reinstall lightning-ort."
+        )
+    shared_object, _ = _build(CONVOLUTION_OPS, source, "the convolution operators", verbose)
+    if str(shared_object) not in torch.ops.loaded_libraries:
+        try:
+            torch.ops.load_library(str(shared_object))
+        except OSError as err:
+            raise ORTSetupError(
+                f"lightning_ort's convolution operators {shared_object} do not load: {err}. "
+                f"Fix: delete {shared_object.parent} so that it is rebuilt."
+            ) from err
+    _convolution_ops_path = shared_object
+    return shared_object
+
+
 def register_extensions() -> None:
     """Build (or reuse) the extensions and register them under the names ORTModule imports."""
     package = importlib.import_module(EXTENSIONS_PACKAGE)

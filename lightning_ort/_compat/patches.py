@@ -8,12 +8,15 @@ import logging
 from typing import Any
 
 from lightning_ort._compat.export_guard import guarded_export
+from lightning_ort._compat.op_rewrites import mark_frozen_inputs, rewritten_symbolics
 
 log = logging.getLogger(__name__)
 
 # Per-instance session settings are stored on ORT's execution managers under this attribute.
 SESSION_ENTRIES_ATTR = "_lightning_ort_session_entries"
 INTRA_OP_THREADS_ATTR = "_lightning_ort_intra_op_threads"
+# Set on ORT's flattened module when its export should use op_rewrites.py's forms.
+OP_REWRITES_ATTR = "_lightning_ort_op_rewrites"
 
 
 def _wrap_export() -> None:
@@ -23,10 +26,27 @@ def _wrap_export() -> None:
 
     @functools.wraps(original)
     def _export_model(*args: Any, **kwargs: Any) -> Any:
-        with guarded_export(kwargs["flattened_module"]):
+        module = kwargs["flattened_module"]
+        rewrites = getattr(module, OP_REWRITES_ATTR, False)
+        with guarded_export(module), rewritten_symbolics(rewrites, kwargs["onnx_opset_version"]):
             return original(*args, **kwargs)
 
     GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
+
+
+def _frozen_convolution_inputs() -> None:
+    """Re-mark convolutions whose input needs no gradient each time ORT (re)builds the gradient graph
+    (the set of inputs that require gradients can change between builds)."""
+    from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
+
+    original = GraphExecutionManager._initialize_graph_builder
+
+    @functools.wraps(original)
+    def _initialize_graph_builder(self: Any, info: Any) -> Any:
+        mark_frozen_inputs(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
+        return original(self, info)
+
+    GraphExecutionManager._initialize_graph_builder = _initialize_graph_builder  # type: ignore[method-assign]
 
 
 def _wrap_session_config() -> None:
@@ -150,13 +170,15 @@ def _stream_suppression_without_file_descriptors() -> None:
 
 def install() -> None:
     """Install all hooks (called once by the loader)."""
-    from lightning_ort._compat import attention, batchnorm, detach
+    from lightning_ort._compat import attention, batchnorm, detach, op_rewrites
 
     attention.register()
     batchnorm.register()
     detach.register()
+    op_rewrites.register_gradients()
     _wrap_export()
     _wrap_session_config()
+    _frozen_convolution_inputs()
     _tolerate_symbolic_shape_failures()
     _feature_table_at_info_level()
     _buffers_in_reprocess_check()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,8 +12,12 @@ from typing import Any
 import onnx
 import torch
 
+from lightning_ort._compat.extensions import load_convolution_ops
 from lightning_ort._compat.loader import ortmodule_package
-from lightning_ort._compat.patches import INTRA_OP_THREADS_ATTR, SESSION_ENTRIES_ATTR
+from lightning_ort._compat.patches import INTRA_OP_THREADS_ATTR, OP_REWRITES_ATTR, SESSION_ENTRIES_ATTR
+from lightning_ort.errors import ORTSetupError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,8 @@ class ORTRuntimeOptions:
         session_config: extra ``SessionOptions.add_session_config_entry`` items.
         memory_optimization_level: ORT's ``_MemoryOptimizationLevel`` (0, 1 or 2).
         memory_optimizer_config: path of a JSON list of recompute plans (used at level 0).
+        op_rewrites: export the ops ORT's CPU kernels run slowly (convolutions, ReLU, constant-index
+            selects) in faster forms (see ``op_rewrites.py``); ``None``: on for modules on the CPU.
     """
 
     log_level: str = "WARNING"
@@ -34,6 +41,7 @@ class ORTRuntimeOptions:
     session_config: dict[str, str] = field(default_factory=dict)
     memory_optimization_level: int = 0
     memory_optimizer_config: str | None = None
+    op_rewrites: bool | None = None
 
     def session_entries(self) -> dict[str, str]:
         entries = {"session.intra_op.allow_spinning": "1" if self.allow_spinning else "0"}
@@ -78,6 +86,16 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         raise RuntimeError(f"ORTModule could not be created: {ort_module._fallback_manager._exception}")
     from onnxruntime.training.ortmodule.options import _SkipCheck
 
+    rewrites = options.op_rewrites
+    if rewrites is None:
+        rewrites = all(tensor.device.type == "cpu" for tensor in module.parameters())
+    if rewrites:
+        try:
+            load_convolution_ops()
+        except ORTSetupError as error:
+            log.warning("lightning_ort: op_rewrites are off for this model (ORT's slower kernels run): %s", error)
+            rewrites = False
+    setattr(ort_module._torch_module._flattened_module, OP_REWRITES_ATTR, rewrites)
     training_manager = _execution_managers(ort_module)[0]
     _apply_memory_options(training_manager._runtime_options, options)
     for manager in _execution_managers(ort_module):

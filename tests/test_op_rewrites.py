@@ -1,0 +1,202 @@
+"""op_rewrites: convolutions on torch's kernels, ReLU as a mask product, constant selects as Slice.
+
+Each family trains through ORT with the rewrites (the CPU default) and is compared with eager
+PyTorch, weights and buffers included; the exported graph shows that the rewritten forms ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_ort
+from lightning_ort import _compat
+
+STEPS = 6
+
+
+def image_loader(channels: int = 3, size: int = 12) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(48, channels, size, size, generator=g)
+    return DataLoader(TensorDataset(images, torch.randint(0, 4, (48,), generator=g)), 8)
+
+
+class ConvNet(Base):
+    def __init__(self, body: nn.Module, features: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(features, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).flatten(1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def conv_bn(bias: bool) -> ConvNet:
+    body = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=bias),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, dilation=1, groups=2, bias=bias),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(2),
+    )
+    return ConvNet(body, 32)
+
+
+def transposed_and_dilated() -> ConvNet:
+    body = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=2, dilation=2),
+        nn.ReLU(),
+        nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+    )
+    return ConvNet(body, 16)
+
+
+def frozen_stem() -> ConvNet:
+    """Fine-tuning: the first convolution is frozen, so the second one's input needs no gradient."""
+    body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3, bias=False), nn.AdaptiveAvgPool2d(2))
+    body[0].requires_grad_(False)
+    return ConvNet(body, 16)
+
+
+class Conv1dNet(Base):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, 5, padding=2)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.conv(x.transpose(1, 2))).mean(-1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def sequence_loader() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(48, 10, 8, generator=g), torch.randint(0, 3, (48,), generator=g)), 8)
+
+
+class GraphRecorder(L.Callback):
+    """Keeps the ONNX training graph ORT exported for the LightningModule's forward."""
+
+    def __init__(self) -> None:
+        self.nodes: list[tuple[str, str]] = []
+        self.gathered: list[str] = []  # op types of what each Gather node gathers from
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if not self.nodes and isinstance(trainer.strategy, lightning_ort.ORTStrategy):
+            model = _compat.exported_model(trainer.strategy.ort_modules["forward"], training=True)
+            self.nodes = [(node.op_type, _operator(node)) for node in model.graph.node]
+            producers = {output: node.op_type for node in model.graph.node for output in node.output}
+            self.gathered = [
+                producers.get(node.input[0], "input") for node in model.graph.node if node.op_type == "Gather"
+            ]
+
+
+def _operator(node: Any) -> str:
+    return next((attribute.s.decode() for attribute in node.attribute if attribute.name == "operator"), "")
+
+
+def _fit_with_graph(make_model: Any, loader: Any, **strategy: Any) -> tuple[Any, Any, GraphRecorder]:
+    recorder = GraphRecorder()
+    eager, ort = fit_both(
+        make_model, loader, STEPS, strategy=lightning_ort.ORTStrategy(**strategy), callbacks=[recorder]
+    )
+    return eager, ort, recorder
+
+
+@pytest.mark.parametrize(
+    "make_model",
+    [lambda: conv_bn(bias=False), lambda: conv_bn(bias=True), transposed_and_dilated, frozen_stem],
+    ids=["conv-bn", "conv-bias-bn", "transposed-dilated", "frozen-stem"],
+)
+def test_convolutions_run_torch_kernels_and_match_eager(make_model: Any) -> None:
+    eager, ort, recorder = _fit_with_graph(make_model, image_loader)
+    assert_ort_ran(ort, STEPS)
+    operators = [operator for op_type, operator in recorder.nodes if op_type == "ATen"]
+    assert any(operator.startswith("lightning_ort::convolution") for operator in operators), operators
+    assert not any(op_type in ("Conv", "ConvTranspose") for op_type, _ in recorder.nodes)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_conv1d_and_relu_rewrite_match_eager() -> None:
+    eager, ort, recorder = _fit_with_graph(Conv1dNet, sequence_loader)
+    assert_ort_ran(ort, STEPS)
+    assert "Relu" not in [op_type for op_type, _ in recorder.nodes]
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_rewrites_off_uses_ort_kernels_and_still_matches() -> None:
+    eager, ort, recorder = _fit_with_graph(lambda: conv_bn(bias=True), image_loader, op_rewrites=False)
+    assert_ort_ran(ort, STEPS)
+    op_types = [op_type for op_type, _ in recorder.nodes]
+    assert "Conv" in op_types and "Relu" in op_types
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class ClsPooling(Base):
+    """Takes the first token (``x[:, 0]``), like BERT-style classifiers, after self-attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(40, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        x = x + self.attn(x, x, x, need_weights=False)[0]
+        return self.head(x[:, 0] - x[:, -1])
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def token_loader() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    ids, labels = torch.randint(0, 40, (48, 7), generator=g), torch.randint(0, 3, (48,), generator=g)
+    return DataLoader(TensorDataset(ids, labels), 8)
+
+
+def test_constant_select_becomes_slice_and_matches_eager() -> None:
+    eager, ort, recorder = _fit_with_graph(ClsPooling, token_loader)
+    assert_ort_ran(ort, STEPS)
+    assert "Slice" in [op_type for op_type, _ in recorder.nodes]
+    # what is left are index lookups in shape tensors, never a Gather of activations (GatherGrad)
+    assert set(recorder.gathered) <= {"Shape"}, recorder.gathered
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_exports_after_training_are_standard_onnx(tmp_path: Any) -> None:
+    """The rewrites apply to ORT's own export only; a user's export afterwards gets plain Conv/Relu."""
+    _fit_with_graph(lambda: conv_bn(bias=True), image_loader)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    path = tmp_path / "plain.onnx"
+    torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(path), dynamo=False)
+    import onnx
+
+    op_types = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert {"Conv", "Relu"} <= op_types and "ATen" not in op_types
+
+
+def test_bad_op_rewrites_value_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"op_rewrites='yes'.*True, False or None"):
+        lightning_ort.ORTStrategy(op_rewrites="yes")  # type: ignore[arg-type]
