@@ -1,4 +1,5 @@
-"""Benchmark eager Lightning, Lightning + strategy="ort", a raw ORTModule loop and torch.compile.
+"""Benchmark eager Lightning, Lightning + strategy="ort" (with and without op_rewrites), a raw ORTModule loop and
+torch.compile.
 
     python benchmarks/run.py                      # full size, all workloads and modes
     python benchmarks/run.py --size tiny --steps 3 --warmup 1 --repeats 1   # smoke run

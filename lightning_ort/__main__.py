@@ -17,14 +17,14 @@ def _setup(verbose: bool) -> int:
     from lightning_ort._compat.extensions import (
         build_aten_op_executor,
         build_custom_function_runner,
-        load_convolution_ops,
+        load_aten_ops,
     )
 
     check_installation()
     path, built = build_aten_op_executor(verbose=verbose)
     print(f"lightning_ort: aten_op_executor {'built' if built else 'reused'}: {path}")
-    path = load_convolution_ops(verbose=verbose)
-    print(f"lightning_ort: convolution operators ready: {path}")
+    path = load_aten_ops(verbose=verbose)
+    print(f"lightning_ort: lightning_ort's operators ready: {path}")
     try:
         path, built = build_custom_function_runner(verbose=verbose)
         print(f"lightning_ort: custom autograd.Function runner {'built' if built else 'reused'}: {path}")

@@ -25,7 +25,7 @@ def test_benchmark_runs_tiny_and_writes_results(tmp_path: Path) -> None:
         "--workloads",
         "gpt,cnn",
         "--modes",
-        "eager,ort,raw_ort",
+        "eager,ort,ort_no_rewrites,raw_ort",
         "--out",
         str(tmp_path),
     ]
@@ -33,8 +33,18 @@ def test_benchmark_runs_tiny_and_writes_results(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "benchmark.json").read_text())
     for workload in ("gpt", "cnn"):
-        for mode in ("eager", "ort", "raw_ort"):
+        for mode in ("eager", "ort", "ort_no_rewrites", "raw_ort"):
             stats = report["summary"][workload][mode]
             assert "error" not in stats, stats
             assert stats["median_step_s"] > 0 and stats["peak_rss_mb"] > 0
     assert "| gpt |" in (tmp_path / "benchmark.md").read_text()
+
+
+def test_operator_profile_runs_tiny() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "profile_ops.py"), "--workload", "cnn", "--size", "tiny"]
+    command += ["--steps", "2", "--warmup", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the ORT side lists ORT's own node types, the rewritten convolutions among them (ATen nodes)
+    ort_part, eager_part = result.stdout.split("eager ATen operators")
+    assert "ATen" in ort_part and "aten::convolution_backward" in eager_part

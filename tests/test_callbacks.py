@@ -82,7 +82,10 @@ def test_graph_dump_saves_every_graph_ort_builds(tmp_path: Path) -> None:
         aten = sum(node.domain == "org.pytorch.aten" for node in nodes)
         assert (counts[name][1] == "none") == (aten == 0), name
     # BatchNorm runs through torch's kernels inside ORT, forward and backward; the summary says so
-    assert "native_batch_norm x3, native_batch_norm_backward x3" in counts["forward.training.4_optimized.onnx"][1]
+    assert (
+        "lightning_ort::batch_norm x3, lightning_ort::batch_norm_backward x3"
+        in counts["forward.training.4_optimized.onnx"][1]
+    )
     gradients = onnx.load(str(directory / "forward.training.4_optimized.onnx")).graph.output
     assert any(output.name.endswith("_grad") for output in gradients)
 

@@ -66,10 +66,37 @@ def transposed_and_dilated() -> ConvNet:
 
 
 def frozen_stem() -> ConvNet:
-    """Fine-tuning: the first convolution is frozen, so the second one's input needs no gradient."""
-    body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3, bias=False), nn.AdaptiveAvgPool2d(2))
-    body[0].requires_grad_(False)
-    return ConvNet(body, 16)
+    """Fine-tuning: the first convolution is frozen, so the layers after it get inputs needing no gradient."""
+    model = conv_bn(bias=True)
+    model.body[0].requires_grad_(False)
+    return model
+
+
+def frozen_middle() -> ConvNet:
+    """The middle convolution and BatchNorm are frozen while the layers around them train."""
+    model = conv_bn(bias=False)
+    model.body[1].requires_grad_(False)
+    model.body[3].requires_grad_(False)
+    return model
+
+
+def non_affine_bn() -> ConvNet:
+    body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, affine=False), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
+    return ConvNet(body, 32)
+
+
+class UnfreezeStem(ConvNet):
+    """Trains the head first, then unfreezes the whole network (ORT rebuilds its gradient graph)."""
+
+    def __init__(self) -> None:
+        model = conv_bn(bias=True)
+        super().__init__(model.body, 32)
+        self.head = model.head
+        self.body.requires_grad_(False)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.global_step == 3:
+            self.body.requires_grad_(True)
 
 
 class Conv1dNet(Base):
@@ -121,8 +148,24 @@ def _fit_with_graph(make_model: Any, loader: Any, **strategy: Any) -> tuple[Any,
 
 @pytest.mark.parametrize(
     "make_model",
-    [lambda: conv_bn(bias=False), lambda: conv_bn(bias=True), transposed_and_dilated, frozen_stem],
-    ids=["conv-bn", "conv-bias-bn", "transposed-dilated", "frozen-stem"],
+    [
+        lambda: conv_bn(bias=False),
+        lambda: conv_bn(bias=True),
+        transposed_and_dilated,
+        frozen_stem,
+        frozen_middle,
+        non_affine_bn,
+        UnfreezeStem,
+    ],
+    ids=[
+        "conv-bn",
+        "conv-bias-bn",
+        "transposed-dilated",
+        "frozen-stem",
+        "frozen-middle",
+        "bn-affine-false",
+        "unfreeze",
+    ],
 )
 def test_convolutions_run_torch_kernels_and_match_eager(make_model: Any) -> None:
     eager, ort, recorder = _fit_with_graph(make_model, image_loader)

@@ -31,6 +31,7 @@ from lightning_ort._compat.logs import (
 )
 from lightning_ort._compat.runtime import (
     ORTRuntimeOptions,
+    end_profiling,
     exported_model,
     memory_optimization_level,
     recompute_plans,
@@ -58,6 +59,7 @@ __all__ = [
     "check_training_artifacts",
     "custom_function_support",
     "custom_function_support_enabled",
+    "end_profiling",
     "exported_model",
     "generate_training_artifacts",
     "memory_optimization_level",

@@ -5,7 +5,9 @@ variance and cannot advance ``num_batches_tracked``; PyTorch uses the unbiased v
 batches. ORT's training graph also turns eval-mode BatchNormalization nodes into training-mode ones.
 We therefore export ``batch_norm`` with running statistics as an ATen node that ORT runs with
 torch's own ``native_batch_norm`` kernel, which updates the running statistics in place exactly as
-eager PyTorch does, and give ORT the matching ``native_batch_norm_backward`` gradient.
+eager PyTorch does, and give ORT the matching ``native_batch_norm_backward`` gradient (through
+``lightning_ort::batch_norm`` wrappers whose overloads handle frozen inputs and weights, see
+gradient_overloads.py).
 ``num_batches_tracked`` is advanced by lightning_ort after each ORT training step (see
 :func:`advance_batch_counters`).
 """
@@ -16,6 +18,10 @@ from typing import Any
 
 import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset14
+
+from lightning_ort._compat.gradient_overloads import register_gradient
+
+_BATCH_NORM = "lightning_ort::batch_norm"
 
 
 def batch_norm_symbolic(
@@ -49,30 +55,18 @@ def batch_norm_symbolic(
         training,
         g.op("Cast", momentum, to_i=1),
         g.op("Cast", eps, to_i=1),
-        operator_s="native_batch_norm",
+        operator_s=_BATCH_NORM,
         outputs=3,
     )[0]
 
 
-def native_batch_norm_gradient() -> list[Any]:
-    return [
-        ("Constant", [], ["Const_Mask"], {"value": {"value": [True, True, True], "dtype": "bool", "is_tensor": True}}),
-        (
-            ("ATen", "org.pytorch.aten"),
-            ["GO(0)", "I(0)", "I(1)", "I(3)", "I(4)", "O(1)", "O(2)", "I(5)", "I(7)", "Const_Mask"],
-            ["GI(0)", "GI(1)", "GI(2)"],
-            {"operator": {"value": "native_batch_norm_backward", "dtype": "string"}},
-        ),
-    ]
-
-
 def register() -> None:
-    """Register the symbolic and its gradient with ORT's registries (applied at each ORTModule creation)."""
-    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
+    """Register the symbolic and its gradients with ORT's registries (applied at each ORTModule creation)."""
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
     CustomOpSymbolicRegistry.register("batch_norm", "", batch_norm_symbolic)
-    CustomGradientRegistry.register("org.pytorch.aten", "ATen", ("native_batch_norm", ""), native_batch_norm_gradient)
+    inputs = ["GO(0)", "I(0)", "I(1)", "I(3)", "I(4)", "O(1)", "O(2)", "I(5)", "I(7)"]
+    register_gradient(_BATCH_NORM, "lightning_ort::batch_norm_backward", inputs, "GI(0)", ["GI(1)", "GI(2)"])
 
 
 def batch_counters(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:

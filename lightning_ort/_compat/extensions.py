@@ -1,7 +1,8 @@
 """ORT's PyTorch C++ extensions, built once into a cache directory instead of site-packages.
 
 ORTModule imports its extensions as ``onnxruntime.training.ortmodule.torch_cpp_extensions.<name>``.
-We compile ``aten_op_executor`` from the source ORT ships and, in place of ORT's
+We compile ``aten_op_executor`` from the source ORT ships, lightning_ort's own operators that ORT
+graphs run through it (``csrc/aten_ops.cc``) and, in place of ORT's
 ``torch_interop_utils`` (which no longer compiles), lightning_ort's own runner for custom
 autograd.Functions (``csrc/custom_function_runner.cc``), against the installed torch; the shared
 objects live in ``$LIGHTNING_ORT_CACHE`` (default ``~/.cache/lightning_ort``), and the modules are
@@ -171,36 +172,36 @@ def load_custom_function_runner() -> types.ModuleType:
     return module
 
 
-CONVOLUTION_OPS = "lightning_ort_convolution"
-_convolution_ops_path: Path | None = None
+ATEN_OPS = "lightning_ort_aten_ops"
+_aten_ops_path: Path | None = None
 
 
-def convolution_ops_source() -> Path:
-    """lightning_ort's C++ source of the ``lightning_ort::convolution*`` operators (package data)."""
-    return Path(__file__).parent / "csrc" / "convolution.cc"
+def aten_ops_source() -> Path:
+    """lightning_ort's C++ source of the ``lightning_ort::*`` operators ORT graphs run (package data)."""
+    return Path(__file__).parent / "csrc" / "aten_ops.cc"
 
 
-def load_convolution_ops(verbose: bool = False) -> Path:
-    """Build (or reuse) and load the ``lightning_ort::convolution*`` operators; return the library's path."""
-    global _convolution_ops_path
-    if _convolution_ops_path is not None:  # a process loads them once (torch cannot unload operators)
-        return _convolution_ops_path
-    source = convolution_ops_source()
+def load_aten_ops(verbose: bool = False) -> Path:
+    """Build (or reuse) and load the ``lightning_ort::*`` operators; return the library's path."""
+    global _aten_ops_path
+    if _aten_ops_path is not None:  # a process loads them once (torch cannot unload operators)
+        return _aten_ops_path
+    source = aten_ops_source()
     if not source.is_file():
         raise ORTSetupError(
             f"lightning_ort's C++ source {source} is missing: the package was installed without its data files. "
             "Fix: reinstall lightning-ort."
         )
-    shared_object, _ = _build(CONVOLUTION_OPS, source, "the convolution operators", verbose)
+    shared_object, _ = _build(ATEN_OPS, source, "lightning_ort's operators", verbose)
     if str(shared_object) not in torch.ops.loaded_libraries:
         try:
             torch.ops.load_library(str(shared_object))
         except OSError as err:
             raise ORTSetupError(
-                f"lightning_ort's convolution operators {shared_object} do not load: {err}. "
+                f"lightning_ort's operators {shared_object} do not load: {err}. "
                 f"Fix: delete {shared_object.parent} so that it is rebuilt."
             ) from err
-    _convolution_ops_path = shared_object
+    _aten_ops_path = shared_object
     return shared_object
 
 
@@ -212,6 +213,7 @@ def register_extensions() -> None:
         aten = _load_shared_object("aten_op_executor", shared_object)
         sys.modules[f"{EXTENSIONS_PACKAGE}.aten_op_executor"] = aten
         package.aten_op_executor = aten  # type: ignore[attr-defined]
+    load_aten_ops()
     if f"{EXTENSIONS_PACKAGE}.torch_interop_utils" not in sys.modules:
         # ORT imports torch_interop_utils even with custom-Function support off; ours compiles its C++
         # part only when the support is turned on (see custom_function.py).

@@ -5,7 +5,7 @@ of ORT's deficit against eager PyTorch in three kernels, each 3-40x slower than 
 does for it. With ``ORTStrategy(op_rewrites=True)`` (the default on CPU), the exporter emits:
 
 - every ``nn.ConvNd`` (``_convolution``) as an ATen node that runs torch's convolution kernel, with
-  a gradient definition that runs torch's ``convolution_backward`` (``csrc/convolution.cc``),
+  a gradient definition that runs torch's ``convolution_backward`` (``csrc/aten_ops.cc``),
   instead of ORT's ``Conv``/``ConvGrad``;
 - ``relu`` as ``x * (x > 0)``, whose gradient ORT builds from one ``Mul`` instead of its
   ``ReluGrad`` kernel. Identical results except for ``relu(-inf)``, which becomes NaN instead of 0;
@@ -21,18 +21,18 @@ cheap element-wise ops (measured for ReLU and GELU).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import onnx
 import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
 
+from lightning_ort._compat.gradient_overloads import register_gradient
+
 _ATEN = "org.pytorch.aten::ATen"
-_GRAD_DOMAIN = "org.pytorch.aten"
 _CONVOLUTION = "lightning_ort::convolution"
 _CONVOLUTION_BIAS = "lightning_ort::convolution_bias"
-_FROZEN_INPUT = "frozen_input"
+_CONVOLUTION_BACKWARD = "lightning_ort::convolution_backward"
 
 
 def _relu_by_mask(g: Any, input: Any) -> Any:
@@ -56,8 +56,26 @@ def _convolution(
 ) -> Any:
     layout = (stride, padding, dilation, transposed, output_padding, groups)
     if bias is None or symbolic_helper._is_none(bias):
-        return g.op(_ATEN, input, weight, *layout, operator_s=_CONVOLUTION)
-    return g.op(_ATEN, input, weight, bias, *layout, operator_s=_CONVOLUTION_BIAS)
+        output = g.op(_ATEN, input, weight, *layout, operator_s=_CONVOLUTION)
+    else:
+        output = g.op(_ATEN, input, weight, bias, *layout, operator_s=_CONVOLUTION_BIAS)
+    _set_channels(output, input, weight, transposed, groups)
+    return output
+
+
+def _set_channels(output: Any, input: Any, weight: Any, transposed: Any, groups: Any) -> None:
+    """Give the ATen node's output the rank and channel count of the convolution's result (later
+    symbolics such as a non-affine BatchNorm's need the channels)."""
+    rank = symbolic_helper._get_tensor_rank(input)
+    weight_sizes = symbolic_helper._get_tensor_sizes(weight)
+    is_transposed = symbolic_helper._maybe_get_const(transposed, "b")
+    group_count = symbolic_helper._maybe_get_const(groups, "i")
+    if rank is None or not weight_sizes or not isinstance(group_count, int) or not isinstance(is_transposed, bool):
+        return
+    channels = weight_sizes[1] * group_count if is_transposed else weight_sizes[0]
+    if not isinstance(channels, int):
+        return
+    output.setType(input.type().with_sizes([None, channels] + [None] * (rank - 2)))
 
 
 def _select(g: Any, self: Any, dim: Any, index: Any) -> Any:
@@ -72,32 +90,17 @@ def _select(g: Any, self: Any, dim: Any, index: Any) -> Any:
     return symbolic_helper._squeeze_helper(g, sliced, [dim_value])
 
 
-def _aten(operator: str, inputs: list[str], outputs: list[str]) -> tuple[Any, ...]:
-    return ((("ATen", _GRAD_DOMAIN)), inputs, outputs, {"operator": {"value": operator, "dtype": "string"}})
-
-
-def _convolution_gradient(bias: bool, input_grad: bool) -> Callable[[], list[Any]]:
-    # An empty output name is a slot ORT leaves out; the kernel leaves it undefined.
-    layout = [f"I({i})" for i in range(3, 9)] if bias else [f"I({i})" for i in range(2, 8)]
-    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)" if bias else "", *layout]
-    outputs = ["GI(0)" if input_grad else "", "GI(1)", "GI(2)" if bias else ""]
-    node = _aten("lightning_ort::convolution_backward", inputs, outputs)
-    if not input_grad:
-        node[3]["overload_name"] = {"value": _FROZEN_INPUT, "dtype": "string"}
-    return lambda: [node]
-
-
 SYMBOLICS = {"relu": _relu_by_mask, "_convolution": _convolution, "select": _select}
 
 
 def register_gradients() -> None:
     """Give ORT's gradient builder the convolutions' gradients (process-wide; unused without the rewrites)."""
-    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
-
-    register = CustomGradientRegistry.register
-    for bias, operator in ((False, _CONVOLUTION), (True, _CONVOLUTION_BIAS)):
-        register(_GRAD_DOMAIN, "ATen", (operator, ""), _convolution_gradient(bias, input_grad=True))
-        register(_GRAD_DOMAIN, "ATen", (operator, _FROZEN_INPUT), _convolution_gradient(bias, input_grad=False))
+    layout = [f"I({i})" for i in range(2, 8)]
+    inputs = ["GO(0)", "I(0)", "I(1)", "", *layout]
+    register_gradient(_CONVOLUTION, _CONVOLUTION_BACKWARD, inputs, "GI(0)", ["GI(1)", ""])
+    layout = [f"I({i})" for i in range(3, 9)]
+    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", *layout]
+    register_gradient(_CONVOLUTION_BIAS, _CONVOLUTION_BACKWARD, inputs, "GI(0)", ["GI(1)", "GI(2)"])
 
 
 @contextlib.contextmanager
@@ -126,25 +129,3 @@ def rewritten_symbolics(enabled: bool, opset: int) -> Iterator[None]:
             group.remove_custom(opset)
             if previous is not None:
                 group.add_custom(previous, opset)
-
-
-def mark_frozen_inputs(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> None:
-    """Give convolutions whose input needs no gradient the overload whose gradient leaves it out.
-
-    ORT gives such an input's gradient no place in the graph; its gradient builder needs to be told
-    with a separate definition. "Needs a gradient" is taken as "computed from a graph input that
-    requires one" (over all edges; ORT's own analysis also stops at non-differentiable edges, a
-    difference that would make ORT's backward fail loudly, never compute wrongly).
-    """
-    reachable = set(inputs_requiring_grad)
-    for node in model.graph.node:  # ONNX nodes are topologically sorted
-        if any(name in reachable for name in node.input):
-            reachable.update(node.output)
-        if node.domain == _GRAD_DOMAIN and node.op_type == "ATen":
-            attributes = {attribute.name: attribute for attribute in node.attribute}
-            if attributes["operator"].s.decode() in (_CONVOLUTION, _CONVOLUTION_BIAS):
-                overload = b"" if node.input[0] in reachable else _FROZEN_INPUT.encode()
-                if "overload_name" in attributes:
-                    attributes["overload_name"].s = overload
-                else:
-                    node.attribute.append(onnx.helper.make_attribute("overload_name", overload))

@@ -8,13 +8,15 @@ import logging
 from typing import Any
 
 from lightning_ort._compat.export_guard import guarded_export
-from lightning_ort._compat.op_rewrites import mark_frozen_inputs, rewritten_symbolics
+from lightning_ort._compat.gradient_overloads import mark_frozen
+from lightning_ort._compat.op_rewrites import rewritten_symbolics
 
 log = logging.getLogger(__name__)
 
 # Per-instance session settings are stored on ORT's execution managers under this attribute.
 SESSION_ENTRIES_ATTR = "_lightning_ort_session_entries"
 INTRA_OP_THREADS_ATTR = "_lightning_ort_intra_op_threads"
+PROFILE_PREFIX_ATTR = "_lightning_ort_profile_prefix"
 # Set on ORT's flattened module when its export should use op_rewrites.py's forms.
 OP_REWRITES_ATTR = "_lightning_ort_op_rewrites"
 
@@ -34,16 +36,15 @@ def _wrap_export() -> None:
     GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
 
 
-def _frozen_convolution_inputs() -> None:
-    """Re-mark convolutions whose input needs no gradient each time ORT (re)builds the gradient graph
-    (the set of inputs that require gradients can change between builds)."""
+def _frozen_gradient_overloads() -> None:
+    """Mark lightning_ort's nodes whose inputs need no gradient each time ORT (re)builds the gradient graph."""
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
 
     original = GraphExecutionManager._initialize_graph_builder
 
     @functools.wraps(original)
     def _initialize_graph_builder(self: Any, info: Any) -> Any:
-        mark_frozen_inputs(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
+        mark_frozen(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
         return original(self, info)
 
     GraphExecutionManager._initialize_graph_builder = _initialize_graph_builder  # type: ignore[method-assign]
@@ -62,6 +63,10 @@ def _wrap_session_config() -> None:
         threads = getattr(self, INTRA_OP_THREADS_ATTR, None)
         if threads is not None:
             session_options.intra_op_num_threads = threads
+        profile_prefix = getattr(self, PROFILE_PREFIX_ATTR, None)
+        if profile_prefix:
+            session_options.enable_profiling = True
+            session_options.profile_file_prefix = profile_prefix
         return session_options, providers, provider_options
 
     GraphExecutionManager._get_session_config = _get_session_config  # type: ignore[method-assign]
@@ -178,7 +183,7 @@ def install() -> None:
     op_rewrites.register_gradients()
     _wrap_export()
     _wrap_session_config()
-    _frozen_convolution_inputs()
+    _frozen_gradient_overloads()
     _tolerate_symbolic_shape_failures()
     _feature_table_at_info_level()
     _buffers_in_reprocess_check()

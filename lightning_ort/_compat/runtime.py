@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,12 +11,13 @@ from typing import Any
 import onnx
 import torch
 
-from lightning_ort._compat.extensions import load_convolution_ops
 from lightning_ort._compat.loader import ortmodule_package
-from lightning_ort._compat.patches import INTRA_OP_THREADS_ATTR, OP_REWRITES_ATTR, SESSION_ENTRIES_ATTR
-from lightning_ort.errors import ORTSetupError
-
-log = logging.getLogger(__name__)
+from lightning_ort._compat.patches import (
+    INTRA_OP_THREADS_ATTR,
+    OP_REWRITES_ATTR,
+    PROFILE_PREFIX_ATTR,
+    SESSION_ENTRIES_ATTR,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class ORTRuntimeOptions:
         session_config: extra ``SessionOptions.add_session_config_entry`` items.
         memory_optimization_level: ORT's ``_MemoryOptimizationLevel`` (0, 1 or 2).
         memory_optimizer_config: path of a JSON list of recompute plans (used at level 0).
+        profile_file_prefix: turn on ORT's per-node profiler; its JSON goes to files starting with
+            this prefix (see :func:`end_profiling`).
         op_rewrites: export the ops ORT's CPU kernels run slowly (convolutions, ReLU, constant-index
             selects) in faster forms (see ``op_rewrites.py``); ``None``: on for modules on the CPU.
     """
@@ -42,6 +44,7 @@ class ORTRuntimeOptions:
     memory_optimization_level: int = 0
     memory_optimizer_config: str | None = None
     op_rewrites: bool | None = None
+    profile_file_prefix: str | None = None
 
     def session_entries(self) -> dict[str, str]:
         entries = {"session.intra_op.allow_spinning": "1" if self.allow_spinning else "0"}
@@ -89,12 +92,6 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
     rewrites = options.op_rewrites
     if rewrites is None:
         rewrites = all(tensor.device.type == "cpu" for tensor in module.parameters())
-    if rewrites:
-        try:
-            load_convolution_ops()
-        except ORTSetupError as error:
-            log.warning("lightning_ort: op_rewrites are off for this model (ORT's slower kernels run): %s", error)
-            rewrites = False
     setattr(ort_module._torch_module._flattened_module, OP_REWRITES_ATTR, rewrites)
     training_manager = _execution_managers(ort_module)[0]
     _apply_memory_options(training_manager._runtime_options, options)
@@ -104,6 +101,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         manager._runtime_options.skip_check = _SkipCheck.SKIP_CHECK_DISABLED
         setattr(manager, SESSION_ENTRIES_ATTR, options.session_entries())
         setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
+        setattr(manager, PROFILE_PREFIX_ATTR, options.profile_file_prefix)
     return ort_module
 
 
@@ -147,3 +145,9 @@ def set_training_flag(ort_module: torch.nn.Module, mode: bool) -> None:
     flattened = ort_module._torch_module._flattened_module
     for module in (ort_module, flattened, flattened._original_module):
         module.training = mode
+
+
+def end_profiling(ort_module: torch.nn.Module) -> str | None:
+    """Stop ORT's profiler of the training session; the path of its JSON (None without a session)."""
+    agent = getattr(_execution_managers(ort_module)[0], "_execution_agent", None)
+    return None if agent is None else agent._inference_session.end_profiling()
