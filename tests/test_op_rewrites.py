@@ -41,6 +41,9 @@ class ConvNet(Base):
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         return F.cross_entropy(self(batch[0]), batch[1])
 
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
 
 def conv_bn(bias: bool) -> ConvNet:
     body = nn.Sequential(
@@ -111,6 +114,9 @@ class Conv1dNet(Base):
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         return F.cross_entropy(self(batch[0]), batch[1])
 
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
 
 def sequence_loader() -> DataLoader:
     g = torch.Generator().manual_seed(0)
@@ -139,9 +145,11 @@ def _operator(node: Any) -> str:
 
 
 def _fit_with_graph(make_model: Any, loader: Any, **strategy: Any) -> tuple[Any, Any, GraphRecorder]:
+    """Train eagerly and through ORT, validating too (ORT's inference graph gets the rewrites as well)."""
     recorder = GraphRecorder()
+    strategy_object = lightning_ort.ORTStrategy(**strategy)
     eager, ort = fit_both(
-        make_model, loader, STEPS, strategy=lightning_ort.ORTStrategy(**strategy), callbacks=[recorder]
+        make_model, loader, STEPS, strategy=strategy_object, callbacks=[recorder], val=loader(), val_check_interval=3
     )
     return eager, ort, recorder
 
@@ -210,6 +218,9 @@ class ClsPooling(Base):
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
 
 
 def token_loader() -> DataLoader:
