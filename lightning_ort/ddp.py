@@ -50,6 +50,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimization_level: see :class:`~lightning_ort.ORTStrategy`.
         memory_optimizer_config: see :class:`~lightning_ort.ORTStrategy`.
         op_rewrites: see :class:`~lightning_ort.ORTStrategy`.
+        export_cache: see :class:`~lightning_ort.ORTStrategy`.
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         **kwargs: forwarded to ``torch.nn.parallel.DistributedDataParallel`` (e.g.
@@ -72,6 +73,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
+        export_cache: bool = False,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -112,6 +114,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             memory_optimization_level,
             memory_optimizer_config,
             op_rewrites,
+            export_cache,
         )
 
     @override

@@ -84,6 +84,7 @@ class ORTGuard:
         self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
         self._batch_norms = _compat.batch_counters(owner)
         self._graph_autocast: dict[bool, tuple[bool, torch.dtype]] = {}
+        self._graph_modes: dict[bool, tuple[bool, ...]] = {}
 
     @property
     def ort_module(self) -> torch.nn.Module | None:
@@ -95,26 +96,34 @@ class ORTGuard:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         training = self.owner.training
-        # Under no_grad a training-mode module would run ORT's inference graph (eval semantics:
-        # running BatchNorm statistics, no dropout), which is not what PyTorch does.
-        if self._ort_module is None or self._gave_up(training) or (training and not torch.is_grad_enabled()):
+        # ORT's training graph whenever autograd records (a module in eval mode still trains, as in
+        # PyTorch); under no_grad a training-mode module would run ORT's inference graph, which would
+        # not update BatchNorm's counters as PyTorch does.
+        graph = torch.is_grad_enabled()
+        if self._ort_module is None or self._gave_up(graph) or (training and not graph):
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
         # The graph bakes in the autocast casts it was exported with; ORT does not re-export when
         # autocast changes, so a call under another autocast state runs in PyTorch.
         autocast = _autocast_state()
-        if self._graph_autocast.setdefault(training, autocast) != autocast:
+        if self._graph_autocast.setdefault(graph, autocast) != autocast:
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
-        if self._ort_module.training != training:
-            _compat.set_training_flag(self._ort_module, training)
+        # The graph also bakes in every submodule's train/eval mode (a BatchNorm frozen in eval mode
+        # mid-training, for instance); another combination needs a new export.
+        modes = tuple(module.training for module in self.owner.modules())
+        if self._graph_modes.setdefault(graph, modes) != modes:
+            log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
+            _compat.export_again(self._ort_module, graph)
+            self._graph_modes[graph] = modes
+        _compat.set_training_flag(self._ort_module, graph, training)
         try:
             output = self._ort_module(*args, **kwargs)
         except Exception as error:
-            self._give_up(error, training, autocast)
+            self._give_up(error, graph, autocast)
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
-        if training:
+        if graph:
             _compat.advance_batch_counters(self._batch_norms)
         self.report.ort_calls += 1
         return output

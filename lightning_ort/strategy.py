@@ -48,6 +48,10 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             torch's kernels inside the ORT graph, ReLU becomes ``x * (x > 0)`` and constant-index
             ``select`` becomes ``Slice`` (see the docs' performance page). ``None`` (default): on for
             models on the CPU, off on CUDA. Same results as eager, except ``relu(-inf)`` gives NaN.
+        export_cache: reuse the ONNX export of an identical model from an earlier run (saves 0.3-0.5 s
+            of the first step), in ``$LIGHTNING_ORT_CACHE/exports``. The cache key covers the model's
+            code, attributes, parameters and inputs; a ``forward`` that reads other state (environment
+            variables, globals set at run time) must not use it. Off by default.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -69,6 +73,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
+        export_cache: bool = False,
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -91,6 +96,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             memory_optimization_level,
             memory_optimizer_config,
             op_rewrites,
+            export_cache,
         )
         self._device_given = device is not None
 

@@ -62,6 +62,7 @@ class ORTStrategyMixin(Strategy):
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
+        export_cache: bool = False,
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
@@ -89,6 +90,8 @@ class ORTStrategyMixin(Strategy):
             raise TypeError(f"{name}(fused_optimizer={fused_optimizer!r}) must be True or False.")
         if op_rewrites is not None and not isinstance(op_rewrites, bool):
             raise TypeError(f"{name}(op_rewrites={op_rewrites!r}) must be True, False or None.")
+        if not isinstance(export_cache, bool):
+            raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
         self.modules = list(modules) if modules is not None else None
         self.log_level = log_level
@@ -102,6 +105,7 @@ class ORTStrategyMixin(Strategy):
             memory_optimization_level=memory_optimization_level,
             memory_optimizer_config=memory_optimizer_config,
             op_rewrites=op_rewrites,
+            export_cache=export_cache,
         )
         self._guards = []
         self._retired = []

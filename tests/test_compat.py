@@ -36,7 +36,7 @@ def test_eval_mode_matches_eager_without_touching_submodule_modes() -> None:
     reference = copy.deepcopy(module).eval()
     ort = _compat.wrap_module(module, _compat.ORTRuntimeOptions(log_level="ERROR"))
     module.eval()
-    _compat.set_training_flag(ort, False)
+    _compat.set_training_flag(ort, graph=False, module_training=False)
     x = torch.randn(3, 5, 16)
     torch.testing.assert_close(ort(x), reference(x), rtol=1e-5, atol=1e-5)
     assert not any(m.training for m in module.modules())

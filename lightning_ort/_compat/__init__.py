@@ -32,6 +32,7 @@ from lightning_ort._compat.logs import (
 from lightning_ort._compat.runtime import (
     ORTRuntimeOptions,
     end_profiling,
+    export_again,
     exported_model,
     memory_optimization_level,
     recompute_plans,
@@ -60,6 +61,7 @@ __all__ = [
     "custom_function_support",
     "custom_function_support_enabled",
     "end_profiling",
+    "export_again",
     "exported_model",
     "generate_training_artifacts",
     "memory_optimization_level",

@@ -7,6 +7,7 @@ import functools
 import logging
 from typing import Any
 
+from lightning_ort._compat.export_cache import cache_directory, export_cache
 from lightning_ort._compat.export_guard import guarded_export
 from lightning_ort._compat.gradient_overloads import mark_frozen
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
@@ -17,8 +18,9 @@ log = logging.getLogger(__name__)
 SESSION_ENTRIES_ATTR = "_lightning_ort_session_entries"
 INTRA_OP_THREADS_ATTR = "_lightning_ort_intra_op_threads"
 PROFILE_PREFIX_ATTR = "_lightning_ort_profile_prefix"
-# Set on ORT's flattened module when its export should use op_rewrites.py's forms.
+# Set on ORT's flattened module when its export should use op_rewrites.py's forms / the export cache.
 OP_REWRITES_ATTR = "_lightning_ort_op_rewrites"
+EXPORT_CACHE_ATTR = "_lightning_ort_export_cache"
 
 
 def _wrap_export() -> None:
@@ -30,8 +32,25 @@ def _wrap_export() -> None:
     def _export_model(*args: Any, **kwargs: Any) -> Any:
         module = kwargs["flattened_module"]
         rewrites = getattr(module, OP_REWRITES_ATTR, False)
-        with guarded_export(module), rewritten_symbolics(rewrites, kwargs["onnx_opset_version"]):
-            return original(*args, **kwargs)
+        directory = None
+        if getattr(module, EXPORT_CACHE_ATTR, False):
+            directory = cache_directory(
+                module,
+                kwargs["flatten_module_inputs"],
+                kwargs["model_info_for_export"],
+                kwargs["onnx_opset_version"],
+                rewrites,
+                kwargs["enable_custom_autograd_function"],
+            )
+        # never ORT's own cache (ORTMODULE_CACHE_DIR), keyed only by the printed module structure
+        kwargs["ortmodule_cache_dir"] = str(directory) if directory is not None else ""
+        with (
+            export_cache(directory, kwargs["logger"]) as results,
+            guarded_export(module),
+            rewritten_symbolics(rewrites, kwargs["onnx_opset_version"]),
+        ):
+            results.append(original(*args, **kwargs))
+            return results[-1]
 
     GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
 

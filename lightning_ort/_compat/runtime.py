@@ -13,6 +13,7 @@ import torch
 
 from lightning_ort._compat.loader import ortmodule_package
 from lightning_ort._compat.patches import (
+    EXPORT_CACHE_ATTR,
     INTRA_OP_THREADS_ATTR,
     OP_REWRITES_ATTR,
     PROFILE_PREFIX_ATTR,
@@ -31,6 +32,8 @@ class ORTRuntimeOptions:
         session_config: extra ``SessionOptions.add_session_config_entry`` items.
         memory_optimization_level: ORT's ``_MemoryOptimizationLevel`` (0, 1 or 2).
         memory_optimizer_config: path of a JSON list of recompute plans (used at level 0).
+        export_cache: reuse the ONNX export of an identical module from an earlier process (see
+            ``export_cache.py``).
         profile_file_prefix: turn on ORT's per-node profiler; its JSON goes to files starting with
             this prefix (see :func:`end_profiling`).
         op_rewrites: export the ops ORT's CPU kernels run slowly (convolutions, ReLU, constant-index
@@ -45,6 +48,7 @@ class ORTRuntimeOptions:
     memory_optimizer_config: str | None = None
     op_rewrites: bool | None = None
     profile_file_prefix: str | None = None
+    export_cache: bool = False
 
     def session_entries(self) -> dict[str, str]:
         entries = {"session.intra_op.allow_spinning": "1" if self.allow_spinning else "0"}
@@ -93,6 +97,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
     if rewrites is None:
         rewrites = all(tensor.device.type == "cpu" for tensor in module.parameters())
     setattr(ort_module._torch_module._flattened_module, OP_REWRITES_ATTR, rewrites)
+    setattr(ort_module._torch_module._flattened_module, EXPORT_CACHE_ATTR, options.export_cache)
     training_manager = _execution_managers(ort_module)[0]
     _apply_memory_options(training_manager._runtime_options, options)
     for manager in _execution_managers(ort_module):
@@ -136,15 +141,24 @@ def exported_model(ort_module: torch.nn.Module, training: bool) -> onnx.ModelPro
     return None if info is None else info.exported_model
 
 
-def set_training_flag(ort_module: torch.nn.Module, mode: bool) -> None:
-    """Switch ORT between its training and inference graphs without touching submodules' own modes.
+def set_training_flag(ort_module: torch.nn.Module, graph: bool, module_training: bool) -> None:
+    """Select ORT's training (``graph=True``) or inference graph, and the wrapped module's own mode.
 
     ``ORTModule.train()`` would recurse into every submodule and undo modes the user set on purpose
-    (a frozen BatchNorm in eval mode, for instance).
+    (a frozen BatchNorm in eval mode, for instance). The wrapped module's own flag is what its
+    ``forward`` sees as ``self.training`` (and what the export preserves), so a module in eval mode
+    can still run the training graph when autograd records.
     """
     flattened = ort_module._torch_module._flattened_module
-    for module in (ort_module, flattened, flattened._original_module):
-        module.training = mode
+    ort_module.training = flattened.training = graph
+    flattened._original_module.training = module_training
+
+
+def export_again(ort_module: torch.nn.Module, graph: bool) -> None:
+    """Make ORT export its training (or inference) graph again on the next call."""
+    transitions = _execution_managers(ort_module)[0 if graph else 1]._graph_transition_manager
+    if transitions is not None:
+        transitions.signal_model_changed()
 
 
 def end_profiling(ort_module: torch.nn.Module) -> str | None:

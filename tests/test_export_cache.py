@@ -1,0 +1,120 @@
+"""ORTStrategy(export_cache=True): a later run of an identical model reuses the ONNX export, any
+difference the export depends on gives a new export, and nothing unsafe is ever reused."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit
+from models import MLP, NoGradInForward, mlp_loader
+from test_custom_function import STEMLP
+
+import lightning_ort
+from lightning_ort._compat import export_cache
+
+STEPS = 3
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(export_cache, "cache_root", lambda: tmp_path)
+    return tmp_path / "exports"
+
+
+@pytest.fixture
+def exports(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every real torch.onnx.export call (a cache hit makes none)."""
+    calls: list[Any] = []
+    original = torch.onnx.export
+
+    def counting_export(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", counting_export)
+    return calls
+
+
+def _fit(model: torch.nn.Module, **options: Any) -> Any:
+    return fit(model, mlp_loader(), lightning_ort.ORTStrategy(export_cache=True, **options), STEPS)
+
+
+def test_second_run_reuses_the_export_and_trains_the_same(
+    cache_dir: Path, exports: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    twin, eager_model = copy.deepcopy(model), copy.deepcopy(model)
+    with caplog.at_level(logging.INFO, logger="lightning_ort"):
+        first = _fit(model)
+        assert len(exports) == 1 and "cached the ONNX export" in caplog.text
+        caplog.clear()
+        second = _fit(twin)
+    assert len(exports) == 1, "the second run exported again"
+    assert "reused the cached ONNX export" in caplog.text and "DELETE" not in caplog.text
+    assert len(list(cache_dir.iterdir())) == 1
+    eager = fit(eager_model, mlp_loader(), "auto", STEPS)
+    for run in (first, second):
+        assert_ort_ran(run, STEPS)
+        assert_losses_match(eager, run)
+        assert_states_match(eager, run)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda model: setattr(model.body[2], "p", 0.5),  # a Python attribute the trace bakes in
+        lambda model: model.train(False) or model.head.train(True),  # another train/eval state
+        lambda model: model.body[0].requires_grad_(False),
+        lambda model: model.to(torch.float64),
+    ],
+    ids=["attribute", "train-eval", "requires-grad", "dtype"],
+)
+def test_what_the_export_depends_on_changes_the_key(cache_dir: Path, exports: list[Any], change: Any) -> None:
+    torch.manual_seed(0)
+    model = MLP(dropout=0.1)
+    other = copy.deepcopy(model)
+    change(other)
+    _fit(model)
+    if other.body[0].weight.dtype == torch.float64:
+        return  # float64 parameters with float32 inputs: only the key matters here
+    _fit(other)
+    assert len(exports) == 2
+    assert len(list(cache_dir.iterdir())) == 2
+
+
+def test_float64_model_gets_its_own_key(cache_dir: Path) -> None:
+    module = MLP()
+    directory = export_cache.cache_directory(module, [torch.randn(2, 16)], "info", 17, True, False)
+    module.to(torch.float64)
+    assert export_cache.cache_directory(module, [torch.randn(2, 16)], "info", 17, True, False) != directory
+    assert export_cache.cache_directory(module, [torch.randn(2, 16, dtype=torch.float64)], "info", 17, True, False) != (
+        export_cache.cache_directory(module, [torch.randn(2, 16)], "info", 17, True, False)
+    )
+
+
+def test_refused_export_is_never_reused(cache_dir: Path) -> None:
+    run = _fit(NoGradInForward())
+    (report,) = run.reports
+    assert report.fallback_reason is not None
+    assert not cache_dir.exists() or not any(cache_dir.iterdir())
+    run = _fit(NoGradInForward())
+    assert run.reports[0].fallback_reason is not None, "a refused graph came back from the cache"
+
+
+def test_custom_function_graphs_are_not_cached(cache_dir: Path) -> None:
+    run = _fit(STEMLP(), custom_autograd=True)
+    assert_ort_ran(run, STEPS)
+    assert not cache_dir.exists() or not any(cache_dir.iterdir())
+
+
+def test_off_by_default_and_validated(cache_dir: Path) -> None:
+    fit(MLP(), mlp_loader(), lightning_ort.ORTStrategy(), STEPS)
+    assert not cache_dir.exists()
+    with pytest.raises(TypeError, match=r"export_cache='yes'.*True or False"):
+        lightning_ort.ORTStrategy(export_cache="yes")  # type: ignore[arg-type]

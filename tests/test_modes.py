@@ -1,0 +1,48 @@
+"""Train/eval modes that change during training: ORT's graphs bake every submodule's mode in, so a
+change must give a new export, never a stale graph (compared with eager PyTorch, buffers included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import CNN, MLP, image_loader, mlp_loader
+
+STEPS = 8
+
+
+class FreezeBatchNormMidway(CNN):
+    """Fine-tuning schedules freeze BatchNorm statistics after some steps."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.global_step == 3:
+            self.features[1].eval()
+        if self.global_step == 6:
+            self.features[1].train()
+
+
+def test_batchnorm_switched_to_eval_and_back_mid_training() -> None:
+    eager, ort = fit_both(FreezeBatchNormMidway, image_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    assert int(ort.state["features.1.num_batches_tracked"]) == 3 + (STEPS - 6)
+
+
+class EvalModeFineTuning(MLP):
+    """The whole model is put in eval mode before fit (Lightning keeps it); it still trains."""
+
+    def __init__(self) -> None:
+        super().__init__(dropout=0.5)
+        self.eval()
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        assert not self.training and not self.body[2].training
+        return super().training_step(batch, batch_idx)
+
+
+def test_module_in_eval_mode_still_trains_through_ort() -> None:
+    eager, ort = fit_both(EvalModeFineTuning, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)  # dropout is off in both: eval mode is kept inside the graph
+    assert_states_match(eager, ort)
