@@ -68,6 +68,17 @@ def transposed_and_dilated() -> ConvNet:
     return ConvNet(body, 16)
 
 
+def string_padding() -> ConvNet:
+    body = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding="same"),
+        nn.ReLU(),
+        nn.Conv2d(6, 6, 3, padding="same", dilation=2, bias=False),
+        nn.Conv2d(6, 4, (3, 5), padding="valid"),
+        nn.AdaptiveAvgPool2d(2),
+    )
+    return ConvNet(body, 16)
+
+
 def frozen_stem() -> ConvNet:
     """Fine-tuning: the first convolution is frozen, so the layers after it get inputs needing no gradient."""
     model = conv_bn(bias=True)
@@ -160,6 +171,7 @@ def _fit_with_graph(make_model: Any, loader: Any, **strategy: Any) -> tuple[Any,
         lambda: conv_bn(bias=False),
         lambda: conv_bn(bias=True),
         transposed_and_dilated,
+        string_padding,
         frozen_stem,
         frozen_middle,
         non_affine_bn,
@@ -169,6 +181,7 @@ def _fit_with_graph(make_model: Any, loader: Any, **strategy: Any) -> tuple[Any,
         "conv-bn",
         "conv-bias-bn",
         "transposed-dilated",
+        "string-padding",
         "frozen-stem",
         "frozen-middle",
         "bn-affine-false",
@@ -183,6 +196,28 @@ def test_convolutions_run_torch_kernels_and_match_eager(make_model: Any) -> None
     assert not any(op_type in ("Conv", "ConvTranspose") for op_type, _ in recorder.nodes)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+def even_same_padding() -> ConvNet:
+    """Even kernels with padding="same": torch pads one more at the end (asymmetric padding)."""
+    body = nn.Sequential(
+        nn.Conv2d(3, 6, 4, padding="same"),
+        nn.ReLU(),
+        nn.Conv2d(6, 4, (2, 3), padding="same", dilation=(1, 2)),
+        nn.AdaptiveAvgPool2d(2),
+    )
+    return ConvNet(body, 16)
+
+
+@pytest.mark.parametrize("rewrites", [True, False], ids=["rewrites", "ort-conv"])
+def test_string_padding_trains_like_eager_with_and_without_rewrites(rewrites: bool) -> None:
+    """ORT's own Conv with auto_pad computed wrong gradients for asymmetric "same" padding; the
+    export makes the padding explicit (conv_padding.py)."""
+    for make_model in (string_padding, even_same_padding):
+        eager, ort, _ = _fit_with_graph(make_model, image_loader, op_rewrites=rewrites)
+        assert_ort_ran(ort, STEPS)
+        assert_losses_match(eager, ort)
+        assert_states_match(eager, ort)
 
 
 def test_conv1d_and_relu_rewrite_match_eager() -> None:

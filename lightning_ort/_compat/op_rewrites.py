@@ -4,7 +4,8 @@ Profiling ORT's training sessions on the reference workloads (``benchmarks/NOTES
 of ORT's deficit against eager PyTorch in three kernels, each 3-40x slower than the work eager
 does for it. With ``ORTStrategy(op_rewrites=True)`` (the default on CPU), the exporter emits:
 
-- every ``nn.ConvNd`` (``_convolution``) as an ATen node that runs torch's convolution kernel, with
+- every ``nn.ConvNd`` (``_convolution``, and ``_convolution_mode`` for ``padding="same"|"valid"``)
+  as an ATen node that runs torch's convolution kernel, with
   a gradient definition that runs torch's ``convolution_backward`` (``csrc/aten_ops.cc``),
   instead of ORT's ``Conv``/``ConvGrad``;
 - ``relu`` as ``x * (x > 0)``, whose gradient ORT builds from one ``Mul`` instead of its
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
 
+from lightning_ort._compat.conv_padding import convolution_mode_symbolic, explicit_padding
 from lightning_ort._compat.gradient_overloads import register_gradient
 
 _ATEN = "org.pytorch.aten::ATen"
@@ -78,6 +80,23 @@ def _set_channels(output: Any, input: Any, weight: Any, transposed: Any, groups:
     output.setType(input.type().with_sizes([None, channels] + [None] * (rank - 2)))
 
 
+def _convolution_mode(
+    g: Any, input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any
+) -> Any:
+    """``padding="same"`` / ``"valid"``: explicit padding (conv_padding.py), then torch's kernel."""
+    plan = explicit_padding(g, input, weight, stride, padding, dilation)
+    if plan is None:
+        return convolution_mode_symbolic(g, input, weight, bias, stride, padding, dilation, groups)
+    input, strides, pads, dilations = plan
+
+    def ints(values: list[int]) -> Any:
+        return g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
+
+    transposed = g.op("Constant", value_t=torch.tensor(False))
+    zeros = ints([0] * len(pads))
+    return _convolution(g, input, weight, bias, ints(strides), ints(pads), ints(dilations), transposed, zeros, groups)
+
+
 def _select(g: Any, self: Any, dim: Any, index: Any) -> Any:
     from torch.onnx._internal.torchscript_exporter import symbolic_opset11
 
@@ -90,7 +109,12 @@ def _select(g: Any, self: Any, dim: Any, index: Any) -> Any:
     return symbolic_helper._squeeze_helper(g, sliced, [dim_value])
 
 
-SYMBOLICS = {"relu": _relu_by_mask, "_convolution": _convolution, "select": _select}
+SYMBOLICS = {
+    "relu": _relu_by_mask,
+    "_convolution": _convolution,
+    "_convolution_mode": _convolution_mode,
+    "select": _select,
+}
 
 
 def register_gradients() -> None:
