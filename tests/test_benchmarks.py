@@ -48,3 +48,11 @@ def test_operator_profile_runs_tiny() -> None:
     # the ORT side lists ORT's own node types, the rewritten convolutions among them (ATen nodes)
     ort_part, eager_part = result.stdout.split("eager ATen operators")
     assert "ATen" in ort_part and "aten::convolution_backward" in eager_part
+
+
+def test_lightning_overhead_runs_tiny() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "lightning_overhead.py"), "--size", "tiny"]
+    command += ["--workloads", "mlp", "--rounds", "1", "--steps", "2", "--warmup", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| mlp |" in result.stdout
