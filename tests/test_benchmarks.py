@@ -56,3 +56,11 @@ def test_lightning_overhead_runs_tiny() -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| mlp |" in result.stdout
+
+
+def test_same_process_comparison_runs_tiny() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "same_process.py"), "--size", "tiny", "--workloads", "cnn"]
+    command += ["--variants", "default,no_rewrites", "--steps", "2", "--warmup", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| cnn |" in result.stdout and result.stdout.count("x |") == 2

@@ -1,0 +1,88 @@
+"""Eager PyTorch against ORTModule variants in one process, alternating step by step.
+
+    python benchmarks/same_process.py --workloads gpt,encoder,cnn,mlp --variants default,no_rewrites,threads1
+
+Separate processes (benchmarks/run.py) see the shared machine's noise differently; here every
+variant trains its own copy of the same model on the same batches, one step each in turn, so the
+noise falls on all of them alike. Speed is eager's median step time over the variant's (higher is
+faster). Variants: ``default`` (lightning_ort's defaults), ``no_rewrites`` (``op_rewrites=False``),
+``threads1`` (``intra_op_num_threads=1``), ``spinning`` (``allow_spinning=True``; its spinning
+threads also slow down whatever runs after it, eager included, so measure it alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import workloads  # noqa: E402
+
+import lightning_ort  # noqa: E402
+from lightning_ort import _compat  # noqa: E402
+
+VARIANTS = {
+    "default": {},
+    "no_rewrites": {"op_rewrites": False},
+    "threads1": {"intra_op_num_threads": 1},
+    "spinning": {"allow_spinning": True},
+}
+
+
+def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) -> dict[str, float]:
+    """Speed of each variant relative to eager (eager's median step / the variant's)."""
+    workload = workloads(size)[name]
+    generator = torch.Generator().manual_seed(0)
+    batches = [workload.make_batch(generator) for _ in range(warmup + steps)]
+    torch.manual_seed(0)
+    base = workload.make_model()
+    defaults = lightning_ort.ORTStrategy().runtime_options
+    runs: dict[str, tuple[Any, list[float]]] = {}
+    for variant in ["eager", *variants]:
+        model = copy.deepcopy(base)
+        call = model
+        if variant != "eager":
+            call = _compat.wrap_module(model, dataclasses.replace(defaults, **VARIANTS[variant]))
+        optimizer = workload.make_optimizer(list(model.parameters()))
+        runs[variant] = ((call, optimizer), [])
+    for index, (x, y) in enumerate(batches):
+        for (call, optimizer), times in runs.values():
+            start = time.perf_counter()
+            workload.loss(call(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if index >= warmup:
+                times.append(time.perf_counter() - start)
+    eager = statistics.median(runs["eager"][1])
+    return {variant: eager / statistics.median(times) for variant, (_, times) in runs.items() if variant != "eager"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="gpt,encoder,cnn,mlp")
+    parser.add_argument("--variants", default="default,no_rewrites")
+    parser.add_argument("--size", choices=("tiny", "full"), default="full")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    print("| workload | " + " | ".join(variants) + " |")
+    print("| --- |" + " --- |" * len(variants))
+    for name in args.workloads.split(","):
+        speeds = measure(name, args.size, variants, args.steps, args.warmup)
+        print(f"| {name} | " + " | ".join(f"{speeds[v]:.2f}x" for v in variants) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
