@@ -5,9 +5,8 @@ of ORT's deficit against eager PyTorch in three kernels, each 3-40x slower than 
 does for it. With ``ORTStrategy(op_rewrites=True)`` (the default on CPU), the exporter emits:
 
 - every ``nn.ConvNd`` (``_convolution``, and ``_convolution_mode`` for ``padding="same"|"valid"``)
-  as an ATen node that runs torch's convolution kernel, with
-  a gradient definition that runs torch's ``convolution_backward`` (``csrc/aten_ops.cc``),
-  instead of ORT's ``Conv``/``ConvGrad``;
+  as an ATen node that runs torch's convolution kernel, with a gradient definition that runs
+  torch's ``convolution_backward`` (``csrc/aten_ops.cc``), instead of ORT's ``Conv``/``ConvGrad``;
 - ``relu`` as ``x * (x > 0)``, whose gradient ORT builds from one ``Mul`` instead of its
   ``ReluGrad`` kernel. Identical results except for ``relu(-inf)``, which becomes NaN instead of 0;
 - ``select`` with a constant index (``x[:, 0]``, the q/k/v split inside ``nn.MultiheadAttention``) as
