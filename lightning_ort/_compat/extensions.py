@@ -133,6 +133,16 @@ def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
     return _build("aten_op_executor", _aten_op_executor_source(), "ORT's aten_op_executor", verbose)
 
 
+def _packaged(source: Path) -> Path:
+    """``source`` (a C++ file shipped as package data), or the error naming the broken install."""
+    if not source.is_file():
+        raise ORTSetupError(
+            f"lightning_ort's C++ source {source} is missing: the package was installed without its data files. "
+            "Fix: reinstall lightning-ort."
+        )
+    return source
+
+
 CUSTOM_FUNCTION_RUNNER = "lightning_ort_custom_function_runner"
 
 
@@ -146,12 +156,7 @@ def build_custom_function_runner(verbose: bool = False) -> tuple[Path, bool]:
 
     It replaces ORT's ``torch_interop_utils``, which does not compile against torch >= 2.5.
     """
-    source = custom_function_runner_source()
-    if not source.is_file():
-        raise ORTSetupError(
-            f"lightning_ort's C++ source {source} is missing: the package was installed without its data files. "
-            "Fix: reinstall lightning-ort."
-        )
+    source = _packaged(custom_function_runner_source())
     return _build(CUSTOM_FUNCTION_RUNNER, source, "the custom autograd.Function runner", verbose)
 
 
@@ -186,12 +191,7 @@ def load_aten_ops(verbose: bool = False) -> Path:
     global _aten_ops_path
     if _aten_ops_path is not None:  # a process loads them once (torch cannot unload operators)
         return _aten_ops_path
-    source = aten_ops_source()
-    if not source.is_file():
-        raise ORTSetupError(
-            f"lightning_ort's C++ source {source} is missing: the package was installed without its data files. "
-            "Fix: reinstall lightning-ort."
-        )
+    source = _packaged(aten_ops_source())
     shared_object, _ = _build(ATEN_OPS, source, "lightning_ort's operators", verbose)
     if str(shared_object) not in torch.ops.loaded_libraries:
         try:
