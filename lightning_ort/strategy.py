@@ -86,17 +86,17 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             precision_plugin=precision_plugin,
         )
         self._init_ort(
-            modules,
-            log_level,
-            fallback,
-            intra_op_num_threads,
-            allow_spinning,
-            custom_autograd,
-            fused_optimizer,
-            memory_optimization_level,
-            memory_optimizer_config,
-            op_rewrites,
-            export_cache,
+            modules=modules,
+            log_level=log_level,
+            fallback=fallback,
+            intra_op_num_threads=intra_op_num_threads,
+            allow_spinning=allow_spinning,
+            custom_autograd=custom_autograd,
+            fused_optimizer=fused_optimizer,
+            memory_optimization_level=memory_optimization_level,
+            memory_optimizer_config=memory_optimizer_config,
+            op_rewrites=op_rewrites,
+            export_cache=export_cache,
         )
         self._device_given = device is not None
 
