@@ -64,10 +64,7 @@ def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device:
     times = []
     for x, y in batches:
         start = time.perf_counter()
-        loss = workload.loss(ort_model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        workload.train_step(ort_model, optimizer, (x.to(device), y.to(device)))
         times.append(time.perf_counter() - start)
     return times
 

@@ -31,10 +31,8 @@ from lightning_ort import _compat  # noqa: E402
 
 def _train(model: torch.nn.Module, call: torch.nn.Module, workload: Workload, batches: list[Batch]) -> None:
     optimizer = workload.make_optimizer(list(model.parameters()))
-    for x, y in batches:
-        workload.loss(call(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    for batch in batches:
+        workload.train_step(call, optimizer, batch)
 
 
 def ort_profile(workload: Workload, warmup: list[Batch], batches: list[Batch], rewrites: bool) -> dict[str, float]:

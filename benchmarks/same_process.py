@@ -53,12 +53,10 @@ def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) 
             call = _compat.wrap_module(model, dataclasses.replace(defaults, **VARIANTS[variant]))
         optimizer = workload.make_optimizer(list(model.parameters()))
         runs[variant] = ((call, optimizer), [])
-    for index, (x, y) in enumerate(batches):
+    for index, batch in enumerate(batches):
         for (call, optimizer), times in runs.values():
             start = time.perf_counter()
-            workload.loss(call(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            workload.train_step(call, optimizer, batch)
             if index >= warmup:
                 times.append(time.perf_counter() - start)
     eager = statistics.median(runs["eager"][1])

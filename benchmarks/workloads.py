@@ -28,6 +28,15 @@ class Workload:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
+    def train_step(
+        self, model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer, batch: Batch
+    ) -> None:
+        """One optimizer step of ``model`` (eager or ORTModule) on ``batch``, as every mode takes it."""
+        x, y = batch
+        self.loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
 
 class GPTBody(nn.Module):
     """The example GPT without its Lightning shell: token ids in, logits out."""
