@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9
+from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
 
 def explicit_padding(g: Any, input: Any, weight: Any, stride: Any, padding: Any, dilation: Any) -> Any:
@@ -41,13 +41,16 @@ def explicit_padding(g: Any, input: Any, weight: Any, stride: Any, padding: Any,
 def convolution_mode_symbolic(
     g: Any, input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any
 ) -> Any:
+    # ORT's own rules for both forms (they add bf16 casts around torch's)
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import convolution, convolution_mode
+
     plan = explicit_padding(g, input, weight, stride, padding, dilation)
     if plan is None:
-        return symbolic_opset9._convolution_mode(g, input, weight, bias, stride, padding, dilation, groups)
+        return convolution_mode(g, input, weight, bias, stride, padding, dilation, groups)
     input, strides, pads, dilations = plan
     groups_value = symbolic_helper._maybe_get_const(groups, "i")
     zeros = [0] * len(pads)
-    return symbolic_opset9._convolution(
+    return convolution(
         g, input, weight, bias, strides, pads, dilations, False, zeros, groups_value, None, None, None, None
     )
 
