@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
@@ -93,6 +94,12 @@ class ORTStrategyMixin(Strategy):
         if not isinstance(export_cache, bool):
             raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
+        if op_rewrites and (memory_optimization_level or memory_optimizer_config):
+            rank_zero_warn(
+                f"{name}(op_rewrites=True) runs linear layers, convolutions, GELU, ReLU and LayerNorm on torch's"
+                " kernels, which ORT's memory optimizer cannot recompute, so its recompute plans cover less. Leave"
+                " op_rewrites=None (off when a memory optimization is set) to let ORT recompute them."
+            )
         self.modules = list(modules) if modules is not None else None
         self.log_level = log_level
         self.fallback = fallback

@@ -54,3 +54,30 @@ def test_moved_torch_onnx_internals_resolve_to_the_torchscript_exporter() -> Non
     from torch.onnx._internal.torchscript_exporter import jit_utils as moved
 
     assert jit_utils is moved
+
+
+def test_dimension_names_become_identifiers_ort_can_parse() -> None:
+    """torch names unknown dimensions after scoped node names; ORT's memory inspector parses them
+    as sympy expressions, so they must be identifiers, renamed consistently and without clashes."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from lightning_ort._compat.dim_names import sanitize_dim_names
+
+    scoped = "ATen/_original_module/layers.1/linear1/ATen_output_0_dim_0"
+    clash = "ATen__original_module_layers_1_linear1_ATen_output_0_dim_0"
+    values = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", scoped]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [scoped, clash, 3]),
+    ]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", values[:1], values[1:])
+    model = helper.make_model(graph)
+    sanitize_dim_names(model)
+    dims = [
+        [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+        for value in [*model.graph.input, *model.graph.output]
+    ]
+    renamed = dims[0][1]
+    assert dims == [["batch", renamed], [renamed, clash, 3]]
+    assert renamed.isidentifier() and renamed != clash
+    onnx.checker.check_model(model)

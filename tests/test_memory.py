@@ -43,6 +43,15 @@ def test_recompute_levels_train_to_the_same_losses_as_level_0(level: int) -> Non
     assert_losses_match(base, recompute)
 
 
+def test_explicit_op_rewrites_with_a_memory_level_warns_that_recompute_covers_less() -> None:
+    with pytest.warns(UserWarning, match=r"op_rewrites=True\) runs linear layers.*cannot recompute"):
+        ORTStrategy(op_rewrites=True, memory_optimization_level=1)
+    recompute = fit_recording_levels(ORTStrategy(op_rewrites=True, memory_optimization_level=1), steps=2)
+    assert_ort_ran(recompute, 2)
+    # the transformer blocks' GELU now runs on torch's kernel, so ORT finds no GELU subgraph to recompute
+    assert not any("Gelu+" in plan for plan in recompute.plans[-1])
+
+
 def test_level_does_not_leak_into_the_next_run() -> None:
     fit_recording_levels(ORTStrategy(memory_optimization_level=1), steps=2)
     after = fit_recording_levels(ORTStrategy(), steps=2)

@@ -1,4 +1,5 @@
-"""op_rewrites: convolutions on torch's kernels, ReLU as a mask product, constant selects as Slice.
+"""op_rewrites: convolutions, linear layers, GELU, ReLU and LayerNorm on torch's kernels, constant
+selects as Slice.
 
 Each family trains through ORT with the rewrites (the CPU default) and is compared with eager
 PyTorch, weights and buffers included; the exported graph shows that the rewritten forms ran.
@@ -94,6 +95,14 @@ def frozen_middle() -> ConvNet:
     return model
 
 
+def bias_only() -> ConvNet:
+    """Bias-only fine-tuning (BitFit): every weight frozen, the biases train."""
+    model = conv_bn(bias=True)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.endswith("bias"))
+    return model
+
+
 def non_affine_bn() -> ConvNet:
     body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, affine=False), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
     return ConvNet(body, 32)
@@ -174,6 +183,7 @@ def _fit_with_graph(make_model: Any, loader: Any, **strategy: Any) -> tuple[Any,
         string_padding,
         frozen_stem,
         frozen_middle,
+        bias_only,
         non_affine_bn,
         UnfreezeStem,
     ],
@@ -184,6 +194,7 @@ def _fit_with_graph(make_model: Any, loader: Any, **strategy: Any) -> tuple[Any,
         "string-padding",
         "frozen-stem",
         "frozen-middle",
+        "bias-only",
         "bn-affine-false",
         "unfreeze",
     ],
@@ -228,11 +239,98 @@ def test_conv1d_and_relu_rewrite_match_eager() -> None:
     assert_states_match(eager, ort)
 
 
+class SequenceNet(Base):
+    """Linear layers on [batch, time, features] inputs (with and without bias), LayerNorm, GELU, ReLU."""
+
+    def __init__(self, approximate: str = "none", affine: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16, elementwise_affine=affine)
+        self.mixer = nn.Linear(16, 16, bias=False)
+        self.head = nn.Linear(16, 3)
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.norm(self.embed(x)), approximate=self.approximate)
+        return self.head(F.relu(self.mixer(h)).mean(1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+def frozen_embedding() -> SequenceNet:
+    """The first layer is frozen: the layers after it get inputs needing no gradient."""
+    model = SequenceNet()
+    model.embed.requires_grad_(False)
+    return model
+
+
+def sequence_bias_only() -> SequenceNet:
+    model = SequenceNet()
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.endswith("bias"))
+    return model
+
+
+def frozen_norm() -> SequenceNet:
+    model = SequenceNet(approximate="tanh")
+    model.norm.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize(
+    "make_model",
+    [SequenceNet, lambda: SequenceNet("tanh", affine=False), frozen_embedding, sequence_bias_only, frozen_norm],
+    ids=["linear-norm-gelu", "tanh-non-affine", "frozen-first", "bias-only", "frozen-norm"],
+)
+def test_linear_norm_and_activations_run_torch_kernels_and_match_eager(make_model: Any) -> None:
+    eager, ort, recorder = _fit_with_graph(make_model, sequence_loader)
+    assert_ort_ran(ort, STEPS)
+    operators = {operator.removeprefix("lightning_ort::") for op_type, operator in recorder.nodes if op_type == "ATen"}
+    assert {"linear", "linear_bias", "layer_norm", "gelu", "relu"} <= operators, operators
+    op_types = {op_type for op_type, _ in recorder.nodes}
+    assert not op_types & {"Gemm", "MatMul", "LayerNormalization", "Erf", "Gelu", "Relu"}, op_types
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class MaskedRelu(Base):
+    """ReLU of -inf (masked scores): 0 in eager PyTorch, and so through ORT."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.score(x).masked_fill(x > 1.0, float("-inf"))
+        return self.head(F.relu(scores).mean(1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+def test_relu_of_minus_infinity_is_zero_as_in_eager() -> None:
+    eager, ort, _ = _fit_with_graph(MaskedRelu, sequence_loader)
+    assert_ort_ran(ort, STEPS)
+    assert all(torch.isfinite(torch.tensor(ort.losses)))
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
 def test_rewrites_off_uses_ort_kernels_and_still_matches() -> None:
     eager, ort, recorder = _fit_with_graph(lambda: conv_bn(bias=True), image_loader, op_rewrites=False)
     assert_ort_ran(ort, STEPS)
     op_types = [op_type for op_type, _ in recorder.nodes]
-    assert "Conv" in op_types and "Relu" in op_types
+    assert {"Conv", "Relu", "Gemm"} <= set(op_types)
+    kernels = ("lightning_ort::convolution", "lightning_ort::linear", "lightning_ort::relu")
+    assert not any(operator.startswith(kernels) for _, operator in recorder.nodes)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
 

@@ -6,7 +6,7 @@ batches. ORT's training graph also turns eval-mode BatchNormalization nodes into
 We therefore export ``batch_norm`` with running statistics as an ATen node that ORT runs with
 torch's own ``native_batch_norm`` kernel, which updates the running statistics in place exactly as
 eager PyTorch does, and give ORT the matching ``native_batch_norm_backward`` gradient (through
-``lightning_ort::batch_norm`` wrappers whose overloads handle frozen inputs and weights, see
+``lightning_ort::batch_norm`` wrappers whose overloads handle frozen inputs, weights and biases, see
 gradient_overloads.py).
 ``num_batches_tracked`` is advanced by lightning_ort after each ORT training step (see
 :func:`advance_batch_counters`).
@@ -66,7 +66,7 @@ def register() -> None:
 
     CustomOpSymbolicRegistry.register("batch_norm", "", batch_norm_symbolic)
     inputs = ["GO(0)", "I(0)", "I(1)", "I(3)", "I(4)", "O(1)", "O(2)", "I(5)", "I(7)"]
-    register_gradient(_BATCH_NORM, "lightning_ort::batch_norm_backward", inputs, "GI(0)", ["GI(1)", "GI(2)"])
+    register_gradient(_BATCH_NORM, "lightning_ort::batch_norm_backward", inputs, ["GI(0)", "GI(1)", "GI(2)"])
 
 
 def batch_counters(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:

@@ -2,24 +2,32 @@
 
 ORT leaves a gradient that no one needs (a first layer's images, frozen weights) out of the
 gradient graph, and a kernel that still returns it fails ("invalid index -1"). ORT keys gradient
-definitions by the forward node's overload name, so lightning_ort's operators (``csrc/aten_ops.cc``)
-have ``frozen_input`` and ``frozen_params`` overloads whose backward kernels leave those gradients
-undefined, and :func:`mark_frozen` picks the overload of every node each time ORT (re)builds the
-gradient graph (the set of parameters that require gradients can change between builds).
+definitions by the forward node's overload name, so lightning_ort's operators with parameters
+(``csrc/aten_ops.cc``) have one overload per set of gradients needed, named after them
+(``input_bias``, ``weight``, ...; the plain name needs all), and :func:`choose_overloads` picks the
+overload of every node each time ORT (re)builds the gradient graph (the set of parameters that
+require gradients can change between builds).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import onnx
 
 GRAD_DOMAIN = "org.pytorch.aten"
-FROZEN_INPUT = "frozen_input"
-FROZEN_PARAMS = "frozen_params"
-# lightning_ort operators whose input 0 is the data and input 1 the weight
-OPERATORS = ("lightning_ort::convolution", "lightning_ort::convolution_bias", "lightning_ort::batch_norm")
+SLOTS = ("input", "weight", "bias")  # inputs 0, 1, 2 of every operator below
+# lightning_ort operators with parameters -> how many of SLOTS they have
+OPERATORS = {
+    "lightning_ort::convolution": 2,
+    "lightning_ort::convolution_bias": 3,
+    "lightning_ort::linear": 2,
+    "lightning_ort::linear_bias": 3,
+    "lightning_ort::batch_norm": 3,
+    "lightning_ort::layer_norm": 3,
+}
 
 
 def aten_node(operator: str, inputs: list[str], outputs: list[str], overload: str = "") -> tuple[Any, ...]:
@@ -30,30 +38,48 @@ def aten_node(operator: str, inputs: list[str], outputs: list[str], overload: st
     return (("ATen", GRAD_DOMAIN), inputs, outputs, attributes)
 
 
-def register_gradient(operator: str, backward: str, inputs: list[str], input_grad: str, param_grads: list[str]) -> None:
-    """Register the gradient of ``operator`` and of its frozen overloads with ORT.
+def overload_name(needed: tuple[bool, ...]) -> str:
+    """The overload of a node whose slots (in SLOTS order) need gradients as ``needed`` says."""
+    if all(needed):
+        return ""
+    return "_".join(slot for slot, need in zip(SLOTS, needed, strict=False) if need)
 
-    ``backward`` returns the gradients of the data (``input_grad``) and of the parameters
-    (``param_grads``); an empty output name is a slot ORT leaves out.
+
+def register_gradient(operator: str, backward: str, inputs: list[str], grads: list[str]) -> None:
+    """Register the gradient of ``operator`` for every set of gradients a node can need.
+
+    ``backward`` takes ``inputs`` and returns one tensor per entry of ``grads``: ORT's gradients of
+    the input, weight and bias slots ``operator`` has, in SLOTS order, and an empty name for each
+    output ORT leaves out (a bias the operator lacks).
     """
     from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
 
-    variants = {
-        "": [input_grad, *param_grads],
-        FROZEN_INPUT: ["", *param_grads],
-        FROZEN_PARAMS: [input_grad, *[""] * len(param_grads)],
-    }
-    for overload, outputs in variants.items():
+    slots = [index for index, grad in enumerate(grads) if grad]
+    for needed in itertools.product((True, False), repeat=len(slots)):
+        if not any(needed):
+            continue  # ORT builds no gradient for such a node
+        overload = overload_name(needed)
+        outputs = list(grads)
+        for index, need in zip(slots, needed, strict=True):
+            outputs[index] = grads[index] if need else ""
         node = aten_node(backward, inputs, outputs, overload)
         CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, overload), _definition(node))
+
+
+def register_simple_gradient(operator: str, backward: str, inputs: list[str]) -> None:
+    """Register ``backward``, which returns the gradient of input 0 only, as ``operator``'s gradient."""
+    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
+
+    node = aten_node(backward, inputs, ["GI(0)"])
+    CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, ""), _definition(node))
 
 
 def _definition(node: tuple[Any, ...]) -> Callable[[], list[Any]]:
     return lambda: [node]
 
 
-def mark_frozen(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> None:
-    """Give every lightning_ort node the overload that matches which of its inputs need gradients.
+def choose_overloads(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> None:
+    """Give every lightning_ort node with parameters the overload for the gradients it needs.
 
     "Needs a gradient" is taken as "computed from a graph input that requires one", over all edges.
     ORT's own analysis also stops at non-differentiable edges; where the two differ, ORT's backward
@@ -63,18 +89,15 @@ def mark_frozen(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> Non
     for node in model.graph.node:  # ONNX nodes are topologically sorted
         if node.domain == GRAD_DOMAIN and node.op_type == "ATen":
             attributes = {attribute.name: attribute for attribute in node.attribute}
-            if attributes["operator"].s.decode() in OPERATORS:
-                _set_overload(node, attributes, node.input[0] in reachable, node.input[1] in reachable)
+            slots = OPERATORS.get(attributes["operator"].s.decode())
+            if slots is not None:
+                needed = tuple(node.input[index] in reachable for index in range(slots))
+                _set_overload(node, attributes, overload_name(needed))
         if any(name in reachable for name in node.input):
             reachable.update(node.output)
 
 
-def _set_overload(node: Any, attributes: dict[str, Any], input_grad: bool, param_grads: bool) -> None:
-    overload = ""
-    if input_grad and not param_grads:
-        overload = FROZEN_PARAMS
-    elif param_grads and not input_grad:
-        overload = FROZEN_INPUT
+def _set_overload(node: Any, attributes: dict[str, Any], overload: str) -> None:
     if "overload_name" in attributes:
         attributes["overload_name"].s = overload.encode()
     elif overload:

@@ -7,9 +7,10 @@ import functools
 import logging
 from typing import Any
 
+from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache
 from lightning_ort._compat.export_guard import guarded_export
-from lightning_ort._compat.gradient_overloads import mark_frozen
+from lightning_ort._compat.gradient_overloads import choose_overloads
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
 
 log = logging.getLogger(__name__)
@@ -55,15 +56,17 @@ def _wrap_export() -> None:
     GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
 
 
-def _frozen_gradient_overloads() -> None:
-    """Mark lightning_ort's nodes whose inputs need no gradient each time ORT (re)builds the gradient graph."""
+def _prepare_graph_builder_input() -> None:
+    """Each time ORT (re)builds its graphs: mark lightning_ort's nodes whose inputs need no gradient,
+    and give symbolic dimensions names ORT's memory inspector can parse."""
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
 
     original = GraphExecutionManager._initialize_graph_builder
 
     @functools.wraps(original)
     def _initialize_graph_builder(self: Any, info: Any) -> Any:
-        mark_frozen(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
+        choose_overloads(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
+        sanitize_dim_names(info._post_export_processed_model)
         return original(self, info)
 
     GraphExecutionManager._initialize_graph_builder = _initialize_graph_builder  # type: ignore[method-assign]
@@ -203,7 +206,7 @@ def install() -> None:
     op_rewrites.register_gradients()
     _wrap_export()
     _wrap_session_config()
-    _frozen_gradient_overloads()
+    _prepare_graph_builder_input()
     _tolerate_symbolic_shape_failures()
     _feature_table_at_info_level()
     _buffers_in_reprocess_check()

@@ -36,8 +36,9 @@ class ORTRuntimeOptions:
             ``export_cache.py``).
         profile_file_prefix: turn on ORT's per-node profiler; its JSON goes to files starting with
             this prefix (see :func:`end_profiling`).
-        op_rewrites: export the ops ORT's CPU kernels run slowly (convolutions, ReLU, constant-index
-            selects) in faster forms (see ``op_rewrites.py``); ``None``: on for modules on the CPU.
+        op_rewrites: export the ops ORT's CPU kernels run slowly in faster forms (see
+            ``op_rewrites.py``); ``None``: on for modules on the CPU, unless a memory optimization is
+            set (ORT's recompute plans need ORT's own ops).
     """
 
     log_level: str = "WARNING"
@@ -95,7 +96,8 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
 
     rewrites = options.op_rewrites
     if rewrites is None:
-        rewrites = all(tensor.device.type == "cpu" for tensor in module.parameters())
+        memory_optimized = options.memory_optimization_level > 0 or bool(options.memory_optimizer_config)
+        rewrites = not memory_optimized and all(tensor.device.type == "cpu" for tensor in module.parameters())
     setattr(ort_module._torch_module._flattened_module, OP_REWRITES_ATTR, rewrites)
     setattr(ort_module._torch_module._flattened_module, EXPORT_CACHE_ATTR, options.export_cache)
     training_manager = _execution_managers(ort_module)[0]

@@ -1,5 +1,6 @@
 // torch kernels that ORT graphs run through ATen nodes (ORT's aten_op_executor), as operators of the
-// `lightning_ort` namespace: convolutions (op_rewrites.py) and BatchNorm (batchnorm.py).
+// `lightning_ort` namespace: convolutions, linear layers, GELU, ReLU and LayerNorm (torch_kernels.py)
+// and BatchNorm (batchnorm.py).
 //
 // ORT's executor passes only tensors, ints, floats and bools (and lists of them), and ORT's gradient
 // graph cannot produce `convolution_backward`'s bias_sizes; these thin wrappers give torch's
@@ -7,9 +8,10 @@
 // calls, so results are identical to eager.
 //
 // Gradients a graph does not need must stay undefined (ORT has no place for them). ORT keys
-// gradient definitions by the forward node's overload name, so each operator has overloads that say
-// which inputs need no gradient: `frozen_input` (a first layer's images, layers after frozen ones)
-// and `frozen_params` (frozen or non-affine weights). The forward overloads are the same kernels.
+// gradient definitions by the forward node's overload name, so each operator with parameters has
+// one overload per set of gradients needed, named after them (`input_bias`: frozen weight, as in
+// bias-only fine-tuning; `weight_bias`: a first layer, whose images need no gradient; ...); the
+// plain name needs all of them. The forward overloads all run the same kernel.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -20,7 +22,15 @@ namespace {
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-enum class Frozen { kNone, kInput, kParams };
+// Some kernels compute more than asked (oneDNN's convolution backward returns the weight's gradient
+// along with the bias's); ORT fails on a gradient it has no place for, so drop what was not asked.
+template <bool kInput, bool kWeight, bool kBias>
+Grads only_needed(Grads grads) {
+  if (!kInput) std::get<0>(grads) = at::Tensor();
+  if (!kWeight) std::get<1>(grads) = at::Tensor();
+  if (!kBias) std::get<2>(grads) = at::Tensor();
+  return grads;
+}
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
@@ -34,15 +44,41 @@ at::Tensor convolution_bias(const at::Tensor& input, const at::Tensor& weight, c
   return at::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
 }
 
-template <Frozen frozen>
+template <bool kInput, bool kWeight, bool kBias>
 Grads convolution_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
                            const c10::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
                            at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding, int64_t groups) {
   c10::optional<at::IntArrayRef> bias_sizes;
   if (bias.has_value()) bias_sizes = bias->sizes();
-  bool params = frozen != Frozen::kParams;
-  return at::convolution_backward(grad, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                                  output_padding, groups, {frozen != Frozen::kInput, params, params && bias.has_value()});
+  return only_needed<kInput, kWeight, kBias>(at::convolution_backward(grad, input, weight, bias_sizes, stride, padding,
+                                                                      dilation, transposed, output_padding, groups,
+                                                                      {kInput, kWeight, kBias && bias.has_value()}));
+}
+
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight) { return at::linear(input, weight); }
+
+at::Tensor linear_bias(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  return at::linear(input, weight, bias);
+}
+
+// What eager autograd computes for linear (addmm/mm on the flattened rows), same kernels.
+template <bool kInput, bool kWeight, bool kBias>
+Grads linear_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                      const c10::optional<at::Tensor>& bias) {
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (kInput) grad_input = at::matmul(grad, weight);
+  auto rows = grad.reshape({-1, grad.size(-1)});
+  if (kWeight) grad_weight = rows.t().mm(input.reshape({-1, input.size(-1)}));
+  if (kBias && bias.has_value()) grad_bias = rows.sum(0);
+  return {grad_input, grad_weight, grad_bias};
+}
+
+// ORT gives the gradient node of a two-input forward node two outputs, so no third, empty one.
+template <bool kInput, bool kWeight, bool kBias>
+std::tuple<at::Tensor, at::Tensor> linear_backward_no_bias(const at::Tensor& grad, const at::Tensor& input,
+                                                           const at::Tensor& weight) {
+  auto grads = linear_backward<kInput, kWeight, false>(grad, input, weight, c10::nullopt);
+  return {std::get<0>(grads), std::get<1>(grads)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm(const at::Tensor& input, const at::Tensor& weight,
@@ -52,48 +88,92 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm(const at::Tensor& inpu
   return at::native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps);
 }
 
-template <Frozen frozen>
+template <bool kInput, bool kWeight, bool kBias>
 Grads batch_norm_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
                           const at::Tensor& running_mean, const at::Tensor& running_var, const at::Tensor& save_mean,
                           const at::Tensor& save_invstd, bool training, double eps) {
-  bool params = frozen != Frozen::kParams;
-  return at::native_batch_norm_backward(grad, input, weight, running_mean, running_var, save_mean, save_invstd,
-                                        training, eps, {frozen != Frozen::kInput, params, params});
+  return only_needed<kInput, kWeight, kBias>(at::native_batch_norm_backward(
+      grad, input, weight, running_mean, running_var, save_mean, save_invstd, training, eps, {kInput, kWeight, kBias}));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(const at::Tensor& input, const at::Tensor& weight,
+                                                          const at::Tensor& bias, at::IntArrayRef normalized_shape,
+                                                          double eps) {
+  return at::native_layer_norm(input, normalized_shape, weight, bias, eps);
+}
+
+template <bool kInput, bool kWeight, bool kBias>
+Grads layer_norm_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                          const at::Tensor& bias, at::IntArrayRef normalized_shape, const at::Tensor& mean,
+                          const at::Tensor& rstd) {
+  return only_needed<kInput, kWeight, kBias>(at::native_layer_norm_backward(grad, input, normalized_shape, mean, rstd,
+                                                                             weight, bias, {kInput, kWeight, kBias}));
+}
+
+at::Tensor gelu(const at::Tensor& input, bool tanh) { return at::gelu(input, tanh ? "tanh" : "none"); }
+
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& input, bool tanh) {
+  return at::gelu_backward(grad, input, tanh ? "tanh" : "none");
+}
+
+at::Tensor relu(const at::Tensor& input) { return at::relu(input); }
+
+// eager's ReLU backward: from the output, as autograd does
+at::Tensor relu_backward(const at::Tensor& grad, const at::Tensor& output) {
+  return at::threshold_backward(grad, output, 0);
 }
 
 }  // namespace
 
-TORCH_LIBRARY(lightning_ort, m) {
+// The overloads for each set of gradients a node needs (see the top of this file). A missing
+// bias (`convolution`) is simply not computed, whatever the overload says.
+#define GRADIENT_OVERLOADS(DEF)       \
+  DEF("", true, true, true)           \
+  DEF(".input_weight", true, true, false) \
+  DEF(".input_bias", true, false, true)   \
+  DEF(".weight_bias", false, true, true)  \
+  DEF(".input", true, false, false)       \
+  DEF(".weight", false, true, false)      \
+  DEF(".bias", false, false, true)
+
 #define LAYOUT "int[] stride, int[] padding, int[] dilation, bool transposed, int[] output_padding, int groups"
 #define CONVOLUTION "(Tensor input, Tensor weight, " LAYOUT ") -> Tensor"
 #define CONVOLUTION_BIAS "(Tensor input, Tensor weight, Tensor bias, " LAYOUT ") -> Tensor"
 #define CONVOLUTION_BACKWARD \
   "(Tensor grad, Tensor input, Tensor weight, Tensor? bias, " LAYOUT ") -> (Tensor, Tensor, Tensor)"
+#define LINEAR "(Tensor input, Tensor weight) -> Tensor"
+#define LINEAR_BIAS "(Tensor input, Tensor weight, Tensor bias) -> Tensor"
+#define LINEAR_BACKWARD "(Tensor grad, Tensor input, Tensor weight, Tensor? bias) -> (Tensor, Tensor, Tensor)"
+#define LINEAR_BACKWARD_NO_BIAS "(Tensor grad, Tensor input, Tensor weight) -> (Tensor, Tensor)"
 #define BATCH_NORM                                                                                     \
   "(Tensor input, Tensor weight, Tensor bias, Tensor running_mean, Tensor running_var, bool training, " \
   "float momentum, float eps) -> (Tensor, Tensor, Tensor)"
 #define BATCH_NORM_BACKWARD                                                                   \
   "(Tensor grad, Tensor input, Tensor weight, Tensor running_mean, Tensor running_var, "        \
   "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)"
-  m.def("convolution" CONVOLUTION, &convolution);
-  m.def("convolution.frozen_input" CONVOLUTION, &convolution);
-  m.def("convolution.frozen_params" CONVOLUTION, &convolution);
-  m.def("convolution_bias" CONVOLUTION_BIAS, &convolution_bias);
-  m.def("convolution_bias.frozen_input" CONVOLUTION_BIAS, &convolution_bias);
-  m.def("convolution_bias.frozen_params" CONVOLUTION_BIAS, &convolution_bias);
-  m.def("convolution_backward" CONVOLUTION_BACKWARD, &convolution_backward<Frozen::kNone>);
-  m.def("convolution_backward.frozen_input" CONVOLUTION_BACKWARD, &convolution_backward<Frozen::kInput>);
-  m.def("convolution_backward.frozen_params" CONVOLUTION_BACKWARD, &convolution_backward<Frozen::kParams>);
-  m.def("batch_norm" BATCH_NORM, &batch_norm);
-  m.def("batch_norm.frozen_input" BATCH_NORM, &batch_norm);
-  m.def("batch_norm.frozen_params" BATCH_NORM, &batch_norm);
-  m.def("batch_norm_backward" BATCH_NORM_BACKWARD, &batch_norm_backward<Frozen::kNone>);
-  m.def("batch_norm_backward.frozen_input" BATCH_NORM_BACKWARD, &batch_norm_backward<Frozen::kInput>);
-  m.def("batch_norm_backward.frozen_params" BATCH_NORM_BACKWARD, &batch_norm_backward<Frozen::kParams>);
-#undef LAYOUT
-#undef CONVOLUTION
-#undef CONVOLUTION_BIAS
-#undef CONVOLUTION_BACKWARD
-#undef BATCH_NORM
-#undef BATCH_NORM_BACKWARD
+#define LAYER_NORM \
+  "(Tensor input, Tensor weight, Tensor bias, int[] normalized_shape, float eps) -> (Tensor, Tensor, Tensor)"
+#define LAYER_NORM_BACKWARD                                                                              \
+  "(Tensor grad, Tensor input, Tensor weight, Tensor bias, int[] normalized_shape, Tensor mean, Tensor rstd) " \
+  "-> (Tensor, Tensor, Tensor)"
+
+#define DEFINE_OVERLOAD(overload, input, weight, bias)                                                       \
+  m.def("convolution" overload CONVOLUTION, &convolution);                                                  \
+  m.def("convolution_bias" overload CONVOLUTION_BIAS, &convolution_bias);                                   \
+  m.def("convolution_backward" overload CONVOLUTION_BACKWARD, &convolution_backward<input, weight, bias>);  \
+  m.def("linear" overload LINEAR, &linear);                                                                 \
+  m.def("linear_bias" overload LINEAR_BIAS, &linear_bias);                                                  \
+  m.def("linear_backward" overload LINEAR_BACKWARD, &linear_backward<input, weight, bias>);                 \
+  m.def("linear_backward_no_bias" overload LINEAR_BACKWARD_NO_BIAS, &linear_backward_no_bias<input, weight, bias>); \
+  m.def("batch_norm" overload BATCH_NORM, &batch_norm);                                                     \
+  m.def("batch_norm_backward" overload BATCH_NORM_BACKWARD, &batch_norm_backward<input, weight, bias>);     \
+  m.def("layer_norm" overload LAYER_NORM, &layer_norm);                                                     \
+  m.def("layer_norm_backward" overload LAYER_NORM_BACKWARD, &layer_norm_backward<input, weight, bias>);
+
+TORCH_LIBRARY(lightning_ort, m) {
+  GRADIENT_OVERLOADS(DEFINE_OVERLOAD)
+  m.def("gelu(Tensor input, bool tanh) -> Tensor", &gelu);
+  m.def("gelu_backward(Tensor grad, Tensor input, bool tanh) -> Tensor", &gelu_backward);
+  m.def("relu(Tensor input) -> Tensor", &relu);
+  m.def("relu_backward(Tensor grad, Tensor output) -> Tensor", &relu_backward);
 }

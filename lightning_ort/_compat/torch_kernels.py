@@ -1,0 +1,156 @@
+"""Export forms that run torch's own kernels inside ORT's graph (part of ``op_rewrites``).
+
+Convolutions, linear layers, GELU, ReLU and LayerNorm are exported as ATen nodes that run
+lightning_ort's operators (``csrc/aten_ops.cc``): torch's oneDNN/MKL kernels, the very calls eager
+autograd makes, forward and backward. ORT's CPU kernels for them were 1.3-4x slower than torch's on
+this project's workloads (``benchmarks/NOTES.md``), and a mix is worse than either: after a torch
+kernel, torch's OpenMP threads keep spinning on the cores ORT's next kernel needs. So the heavy
+layers all run on torch's kernels, and ORT keeps the rest of the graph (attention's matmuls and
+softmax, element-wise arithmetic, reshapes), the graph's memory planning and its gradient graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
+
+from lightning_ort._compat.conv_padding import convolution_mode_symbolic, explicit_padding
+from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
+
+ATEN = "org.pytorch.aten::ATen"
+_CONVOLUTION = "lightning_ort::convolution"
+_CONVOLUTION_BIAS = "lightning_ort::convolution_bias"
+_LINEAR = "lightning_ort::linear"
+_LINEAR_BIAS = "lightning_ort::linear_bias"
+_LAYER_NORM = "lightning_ort::layer_norm"
+_GELU = "lightning_ort::gelu"
+_RELU = "lightning_ort::relu"
+
+
+def _absent(value: Any) -> bool:
+    return value is None or symbolic_helper._is_none(value)
+
+
+def _convolution(
+    g: Any,
+    input: Any,
+    weight: Any,
+    bias: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: Any,
+    output_padding: Any,
+    groups: Any,
+    *_flags: Any,
+) -> Any:
+    layout = (stride, padding, dilation, transposed, output_padding, groups)
+    if _absent(bias):
+        output = g.op(ATEN, input, weight, *layout, operator_s=_CONVOLUTION)
+    else:
+        output = g.op(ATEN, input, weight, bias, *layout, operator_s=_CONVOLUTION_BIAS)
+    _set_channels(output, input, weight, transposed, groups)
+    return output
+
+
+def _set_channels(output: Any, input: Any, weight: Any, transposed: Any, groups: Any) -> None:
+    """Give the ATen node's output the rank and channel count of the convolution's result (later
+    symbolics such as a non-affine BatchNorm's need the channels)."""
+    rank = symbolic_helper._get_tensor_rank(input)
+    weight_sizes = symbolic_helper._get_tensor_sizes(weight)
+    is_transposed = symbolic_helper._maybe_get_const(transposed, "b")
+    group_count = symbolic_helper._maybe_get_const(groups, "i")
+    if rank is None or not weight_sizes or not isinstance(group_count, int) or not isinstance(is_transposed, bool):
+        return
+    channels = weight_sizes[1] * group_count if is_transposed else weight_sizes[0]
+    if not isinstance(channels, int):
+        return
+    output.setType(input.type().with_sizes([None, channels] + [None] * (rank - 2)))
+
+
+def _convolution_mode(
+    g: Any, input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any
+) -> Any:
+    """``padding="same"`` / ``"valid"``: explicit padding (conv_padding.py), then torch's kernel."""
+    plan = explicit_padding(g, input, weight, stride, padding, dilation)
+    if plan is None:
+        return convolution_mode_symbolic(g, input, weight, bias, stride, padding, dilation, groups)
+    input, strides, pads, dilations = plan
+
+    def ints(values: list[int]) -> Any:
+        return g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
+
+    transposed = g.op("Constant", value_t=torch.tensor(False))
+    zeros = ints([0] * len(pads))
+    return _convolution(g, input, weight, bias, ints(strides), ints(pads), ints(dilations), transposed, zeros, groups)
+
+
+def _linear(g: Any, input: Any, weight: Any, bias: Any) -> Any:
+    if _absent(bias):
+        output = g.op(ATEN, input, weight, operator_s=_LINEAR)
+    else:
+        output = g.op(ATEN, input, weight, bias, operator_s=_LINEAR_BIAS)
+    rank = symbolic_helper._get_tensor_rank(input)
+    weight_sizes = symbolic_helper._get_tensor_sizes(weight)
+    if rank is not None and weight_sizes and isinstance(weight_sizes[0], int):
+        output.setType(input.type().with_sizes([None] * (rank - 1) + [weight_sizes[0]]))
+    return output
+
+
+def _layer_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any, cudnn: Any) -> Any:
+    if _absent(weight) or _absent(bias):  # elementwise_affine=False: constants that need no gradient
+        shape = symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")
+        dtype = _type_utils.JitScalarType.from_value(input, _type_utils.JitScalarType.FLOAT).dtype()
+        if _absent(weight):
+            weight = g.op("Constant", value_t=torch.ones(shape, dtype=dtype))
+        if _absent(bias):
+            bias = g.op("Constant", value_t=torch.zeros(shape, dtype=dtype))
+    eps = g.op("Cast", eps, to_i=torch.onnx.TensorProtoDataType.FLOAT)
+    outputs = g.op(ATEN, input, weight, bias, normalized_shape, eps, operator_s=_LAYER_NORM, outputs=3)
+    outputs[0].setType(input.type())
+    rank = symbolic_helper._get_tensor_rank(input)
+    for statistic in outputs[1:]:  # mean and rstd: ORT's type inference needs their types
+        statistic.setType(input.type() if rank is None else input.type().with_sizes([None] * rank))
+    return outputs[0]
+
+
+def _gelu(g: Any, input: Any, approximate: Any = "none") -> Any:
+    tanh = symbolic_helper._maybe_get_const(approximate, "s") == "tanh"
+    output = g.op(ATEN, input, g.op("Constant", value_t=torch.tensor(tanh)), operator_s=_GELU)
+    output.setType(input.type())
+    return output
+
+
+def _relu(g: Any, input: Any) -> Any:
+    output = g.op(ATEN, input, operator_s=_RELU)
+    output.setType(input.type())
+    return output
+
+
+SYMBOLICS = {
+    "_convolution": _convolution,
+    "_convolution_mode": _convolution_mode,
+    "linear": _linear,
+    "layer_norm": _layer_norm,
+    "gelu": _gelu,
+    "relu": _relu,
+}
+
+
+def register_gradients() -> None:
+    """Give ORT's gradient builder the gradients of the operators above (process-wide; unused
+    without the rewrites)."""
+    grads = ["GI(0)", "GI(1)", "GI(2)"]
+    layout = [f"I({i})" for i in range(2, 8)]
+    backward = "lightning_ort::convolution_backward"
+    register_gradient(_CONVOLUTION, backward, ["GO(0)", "I(0)", "I(1)", "", *layout], [*grads[:2], ""])
+    layout = [f"I({i})" for i in range(3, 9)]
+    register_gradient(_CONVOLUTION_BIAS, backward, ["GO(0)", "I(0)", "I(1)", "I(2)", *layout], grads)
+    register_gradient(_LINEAR, "lightning_ort::linear_backward_no_bias", ["GO(0)", "I(0)", "I(1)"], grads[:2])
+    register_gradient(_LINEAR_BIAS, "lightning_ort::linear_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"], grads)
+    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "O(1)", "O(2)"]
+    register_gradient(_LAYER_NORM, "lightning_ort::layer_norm_backward", inputs, grads)
+    register_simple_gradient(_GELU, "lightning_ort::gelu_backward", ["GO(0)", "I(0)", "I(1)"])
+    register_simple_gradient(_RELU, "lightning_ort::relu_backward", ["GO(0)", "O(0)"])
