@@ -96,9 +96,10 @@ class ORTStrategyMixin(Strategy):
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
         if op_rewrites and (memory_optimization_level or memory_optimizer_config):
             rank_zero_warn(
-                f"{name}(op_rewrites=True) runs linear layers, convolutions, GELU, ReLU and LayerNorm on torch's"
-                " kernels, which ORT's memory optimizer cannot recompute, so its recompute plans cover less. Leave"
-                " op_rewrites=None (off when a memory optimization is set) to let ORT recompute them."
+                f"{name}(op_rewrites=True) runs linear layers, convolutions, GELU, ReLU, LayerNorm and"
+                " attention on torch's kernels, which ORT's memory optimizer cannot recompute, so its"
+                " recompute plans cover less. Leave op_rewrites=None (off when a memory optimization is"
+                " set) to let ORT recompute them."
             )
         self.modules = list(modules) if modules is not None else None
         self.log_level = log_level

@@ -387,3 +387,58 @@ def test_exports_after_training_are_standard_onnx(tmp_path: Any) -> None:
 def test_bad_op_rewrites_value_is_refused() -> None:
     with pytest.raises(TypeError, match=r"op_rewrites='yes'.*True, False or None"):
         lightning_ort.ORTStrategy(op_rewrites="yes")  # type: ignore[arg-type]
+
+
+class AttentionNet(Base):
+    """Attention without dropout in the forms users have: an encoder layer with a padding mask, a
+    causal mask, cross-attention to a frozen memory and a learned additive bias (its mask needs a
+    gradient)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.embed = nn.Embedding(40, 16)
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.memory = nn.Embedding(40, 16).requires_grad_(False)
+        self.cross = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.bias = nn.Parameter(torch.zeros(2, 7, 7))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        if self.kind == "padding":
+            x = self.layer(x, src_key_padding_mask=ids == 0)
+        elif self.kind == "causal":
+            mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+            x = self.layer(x, src_mask=mask, is_causal=True)
+        elif self.kind == "cross":
+            memory = self.memory(ids.flip(1))
+            x = x + self.cross(x, memory, memory, need_weights=False)[0]
+        else:  # learned bias
+            q = x.unflatten(-1, (2, 8)).transpose(1, 2)
+            x = F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias).transpose(1, 2).flatten(2)
+        return self.head(x.mean(1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+def padded_token_loader() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 40, (48, 7), generator=g)
+    ids[::2, -3:] = 0  # padding at the end of every other sequence
+    return DataLoader(TensorDataset(ids, torch.randint(0, 3, (48,), generator=g)), 8)
+
+
+@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "learned-bias"])
+def test_attention_runs_torch_kernels_and_matches_eager(kind: str) -> None:
+    eager, ort, recorder = _fit_with_graph(lambda: AttentionNet(kind), padded_token_loader)
+    assert_ort_ran(ort, STEPS)
+    operators = [operator for op_type, operator in recorder.nodes if op_type == "ATen"]
+    assert "lightning_ort::attention" in operators
+    assert "Softmax" not in {op_type for op_type, _ in recorder.nodes}
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -2,9 +2,9 @@
 
 ORT leaves a gradient that no one needs (a first layer's images, frozen weights) out of the
 gradient graph, and a kernel that still returns it fails ("invalid index -1"). ORT keys gradient
-definitions by the forward node's overload name, so lightning_ort's operators with parameters
-(``csrc/aten_ops.cc``) have one overload per set of gradients needed, named after them
-(``input_bias``, ``weight``, ...; the plain name needs all), and :func:`choose_overloads` picks the
+definitions by the forward node's overload name, so lightning_ort's operators with parameters and
+its attention (``csrc/aten_ops.cc``) have one overload per set of gradients needed, named after them
+(``input_bias``, ``weight``, ``query_key_value``, ...; the plain name needs all), and :func:`choose_overloads` picks the
 overload of every node each time ORT (re)builds the gradient graph (the set of parameters that
 require gradients can change between builds).
 """
@@ -18,16 +18,24 @@ from typing import Any
 import onnx
 
 GRAD_DOMAIN = "org.pytorch.aten"
-SLOTS = ("input", "weight", "bias")  # inputs 0, 1, 2 of every operator below
-# lightning_ort operators with parameters -> how many of SLOTS they have
+# lightning_ort operators whose gradients depend on which inputs need them -> those inputs' names
+# (inputs 0, 1, ... of the operator, in order)
 OPERATORS = {
-    "lightning_ort::convolution": 2,
-    "lightning_ort::convolution_bias": 3,
-    "lightning_ort::linear": 2,
-    "lightning_ort::linear_bias": 3,
-    "lightning_ort::batch_norm": 3,
-    "lightning_ort::layer_norm": 3,
+    "lightning_ort::convolution": ("input", "weight"),
+    "lightning_ort::convolution_bias": ("input", "weight", "bias"),
+    "lightning_ort::linear": ("input", "weight"),
+    "lightning_ort::linear_bias": ("input", "weight", "bias"),
+    "lightning_ort::batch_norm": ("input", "weight", "bias"),
+    "lightning_ort::layer_norm": ("input", "weight", "bias"),
+    "lightning_ort::attention": ("query", "key", "value", "mask"),
 }
+# ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
+# from a sequence's shape and a padding mask needs none.
+NON_DIFFERENTIABLE = {
+    "Shape", "Size", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "And", "Or", "Xor",
+    "IsNaN", "IsInf", "NonZero", "ArgMax", "ArgMin", "Range", "ConstantOfShape", "EyeLike", "RandomNormalLike",
+    "RandomUniformLike", "Bernoulli",
+}  # fmt: skip
 
 
 def aten_node(operator: str, inputs: list[str], outputs: list[str], overload: str = "") -> tuple[Any, ...]:
@@ -38,30 +46,31 @@ def aten_node(operator: str, inputs: list[str], outputs: list[str], overload: st
     return (("ATen", GRAD_DOMAIN), inputs, outputs, attributes)
 
 
-def overload_name(needed: tuple[bool, ...]) -> str:
-    """The overload of a node whose slots (in SLOTS order) need gradients as ``needed`` says."""
+def overload_name(slots: tuple[str, ...], needed: tuple[bool, ...]) -> str:
+    """The overload of a node whose inputs named ``slots`` need gradients as ``needed`` says."""
     if all(needed):
         return ""
-    return "_".join(slot for slot, need in zip(SLOTS, needed, strict=False) if need)
+    return "_".join(slot for slot, need in zip(slots, needed, strict=True) if need)
 
 
 def register_gradient(operator: str, backward: str, inputs: list[str], grads: list[str]) -> None:
     """Register the gradient of ``operator`` for every set of gradients a node can need.
 
     ``backward`` takes ``inputs`` and returns one tensor per entry of ``grads``: ORT's gradients of
-    the input, weight and bias slots ``operator`` has, in SLOTS order, and an empty name for each
-    output ORT leaves out (a bias the operator lacks).
+    the inputs ``OPERATORS[operator]`` names, in order, and an empty name for each output ORT leaves
+    out (a bias the operator lacks).
     """
     from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
 
-    slots = [index for index, grad in enumerate(grads) if grad]
+    slots = OPERATORS[operator]
+    positions = [index for index, grad in enumerate(grads) if grad]
     for needed in itertools.product((True, False), repeat=len(slots)):
         if not any(needed):
             continue  # ORT builds no gradient for such a node
-        overload = overload_name(needed)
         outputs = list(grads)
-        for index, need in zip(slots, needed, strict=True):
+        for index, need in zip(positions, needed, strict=True):
             outputs[index] = grads[index] if need else ""
+        overload = overload_name(slots, needed)
         node = aten_node(backward, inputs, outputs, overload)
         CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, overload), _definition(node))
 
@@ -81,9 +90,10 @@ def _definition(node: tuple[Any, ...]) -> Callable[[], list[Any]]:
 def choose_overloads(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> None:
     """Give every lightning_ort node with parameters the overload for the gradients it needs.
 
-    "Needs a gradient" is taken as "computed from a graph input that requires one", over all edges.
-    ORT's own analysis also stops at non-differentiable edges; where the two differ, ORT's backward
-    fails loudly (and lightning_ort falls back to PyTorch), it never computes wrongly.
+    "Needs a gradient" is taken as "computed from a graph input that requires one", except through
+    the ops in NON_DIFFERENTIABLE. ORT's own analysis knows more non-differentiable edges; where the
+    two differ, ORT's backward or graph build fails loudly (and lightning_ort falls back to PyTorch),
+    it never computes wrongly.
     """
     reachable = set(inputs_requiring_grad)
     for node in model.graph.node:  # ONNX nodes are topologically sorted
@@ -91,9 +101,10 @@ def choose_overloads(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -
             attributes = {attribute.name: attribute for attribute in node.attribute}
             slots = OPERATORS.get(attributes["operator"].s.decode())
             if slots is not None:
-                needed = tuple(node.input[index] in reachable for index in range(slots))
-                _set_overload(node, attributes, overload_name(needed))
-        if any(name in reachable for name in node.input):
+                inputs = list(node.input)
+                needed = tuple(index < len(inputs) and inputs[index] in reachable for index in range(len(slots)))
+                _set_overload(node, attributes, overload_name(slots, needed))
+        if node.op_type not in NON_DIFFERENTIABLE and any(name in reachable for name in node.input):
             reachable.update(node.output)
 
 

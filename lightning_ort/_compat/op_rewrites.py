@@ -2,11 +2,12 @@
 
 Profiling ORT's training sessions on the reference workloads (``benchmarks/NOTES.md``) put most of
 ORT's deficit against eager PyTorch in a few kernels: GEMMs (MLAS, 1.2-1.4x slower than torch's
-MKL), ``Conv``/``ConvGrad``, ``GeluGrad``, ``ReluGrad`` and the ``GatherGrad`` scatter. With the
-rewrites (the default on CPU), the exporter emits, only for ORT's own export:
+MKL), ``Conv``/``ConvGrad``, ``GeluGrad``, ``ReluGrad``, decomposed attention and the
+``GatherGrad`` scatter. With the rewrites (the default on CPU), the exporter emits, only for ORT's
+own export:
 
-- convolutions, linear layers, GELU, ReLU and LayerNorm as ATen nodes that run torch's kernels
-  (torch_kernels.py), with identical results to eager;
+- convolutions, linear layers, GELU, ReLU, LayerNorm and attention without dropout as ATen nodes
+  that run torch's kernels (torch_kernels.py), with identical results to eager;
 - ``select`` with a constant index (``x[:, 0]``, the q/k/v split inside ``nn.MultiheadAttention``) as
   ``Slice`` + ``Squeeze``, whose gradient is a ``SliceGrad`` copy instead of the ``GatherGrad``
   scatter that ``Gather`` gets.

@@ -1,6 +1,7 @@
 """Export forms that run torch's own kernels inside ORT's graph (part of ``op_rewrites``).
 
-Convolutions, linear layers, GELU, ReLU and LayerNorm are exported as ATen nodes that run
+Convolutions, linear layers, GELU, ReLU, LayerNorm and attention without dropout
+(``scaled_dot_product_attention``, also inside ``nn.MultiheadAttention``) are exported as ATen nodes that run
 lightning_ort's operators (``csrc/aten_ops.cc``): torch's oneDNN/MKL kernels, the very calls eager
 autograd makes, forward and backward. ORT's CPU kernels for them were 1.3-4x slower than torch's on
 this project's workloads (``benchmarks/NOTES.md``), and a mix is worse than either: after a torch
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
 
+from lightning_ort._compat.attention import scaled_dot_product_attention_symbolic
 from lightning_ort._compat.conv_padding import convolution_mode_symbolic, explicit_padding
 from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
 
@@ -27,6 +29,7 @@ _LINEAR_BIAS = "lightning_ort::linear_bias"
 _LAYER_NORM = "lightning_ort::layer_norm"
 _GELU = "lightning_ort::gelu"
 _RELU = "lightning_ort::relu"
+_ATTENTION = "lightning_ort::attention"
 
 
 def _absent(value: Any) -> bool:
@@ -129,6 +132,39 @@ def _relu(g: Any, input: Any) -> Any:
     return output
 
 
+def _attention(
+    g: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: Any = 0.0,
+    is_causal: Any = False,
+    scale: Any = None,
+    enable_gqa: Any = False,
+) -> Any:
+    """``scaled_dot_product_attention`` without dropout: torch's flash-attention (or math) kernels.
+
+    With dropout, ORT's graph keeps the attention (attention.py): a recomputing backward could not
+    reproduce the forward's dropout mask."""
+    dropout = symbolic_helper._maybe_get_const(dropout_p, "f")
+    grouped = symbolic_helper._maybe_get_const(enable_gqa, "b")
+    if symbolic_helper._is_value(dropout) or float(dropout) != 0.0 or grouped is not False:
+        return scaled_dot_product_attention_symbolic(
+            g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+        )
+    if attn_mask is None:
+        attn_mask = g.op("prim::Constant")
+    if scale is None:
+        scale = g.op("prim::Constant")
+    outputs = g.op(ATEN, query, key, value, attn_mask, scale, is_causal, operator_s=_ATTENTION, outputs=2)
+    outputs[0].setType(query.type())
+    rank = symbolic_helper._get_tensor_rank(query)
+    statistic_type = query.type().with_dtype(torch.float32)
+    outputs[1].setType(statistic_type if rank is None else statistic_type.with_sizes([None] * (rank - 1)))
+    return outputs[0]
+
+
 SYMBOLICS = {
     "_convolution": _convolution,
     "_convolution_mode": _convolution_mode,
@@ -136,6 +172,7 @@ SYMBOLICS = {
     "layer_norm": _layer_norm,
     "gelu": _gelu,
     "relu": _relu,
+    "scaled_dot_product_attention": _attention,
 }
 
 
@@ -152,5 +189,7 @@ def register_gradients() -> None:
     register_gradient(_LINEAR_BIAS, "lightning_ort::linear_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"], grads)
     inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "O(1)", "O(2)"]
     register_gradient(_LAYER_NORM, "lightning_ort::layer_norm_backward", inputs, grads)
+    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "I(4)", "I(5)", "O(0)", "O(1)"]
+    register_gradient(_ATTENTION, "lightning_ort::attention_backward", inputs, ["GI(0)", "GI(1)", "GI(2)", "GI(3)"])
     register_simple_gradient(_GELU, "lightning_ort::gelu_backward", ["GO(0)", "I(0)", "I(1)"])
     register_simple_gradient(_RELU, "lightning_ort::relu_backward", ["GO(0)", "O(0)"])

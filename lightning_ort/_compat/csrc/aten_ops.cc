@@ -13,7 +13,10 @@
 // bias-only fine-tuning; `weight_bias`: a first layer, whose images need no gradient; ...); the
 // plain name needs all of them. The forward overloads all run the same kernel.
 
+#include <Python.h>
+
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -123,6 +126,75 @@ at::Tensor relu_backward(const at::Tensor& grad, const at::Tensor& output) {
   return at::threshold_backward(grad, output, 0);
 }
 
+// scaled_dot_product_attention without dropout. Eager PyTorch picks a backend for it: on CPU its
+// flash-attention kernels when the inputs allow, or else the math path. The same choice here, so
+// forward and backward are the kernels eager autograd runs; `logsumexp` is the flash kernels'
+// saved statistic (unused on the math path).
+constexpr int64_t kFlashAttention = 1;  // sdp::SDPBackend::flash_attention
+
+bool uses_flash(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                const c10::optional<at::Tensor>& mask, c10::optional<double> scale, bool is_causal) {
+  return at::_fused_sdp_choice(query, key, value, mask, 0.0, is_causal, scale, false) == kFlashAttention;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                             const c10::optional<at::Tensor>& mask, c10::optional<double> scale,
+                                             bool is_causal) {
+  if (uses_flash(query, key, value, mask, scale, is_causal)) {
+    return at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal, mask, scale);
+  }
+  auto statistic_sizes = query.sizes().slice(0, query.dim() - 1);
+  return {at::scaled_dot_product_attention(query, key, value, mask, 0.0, is_causal, scale),
+          at::empty(statistic_sizes, query.options().dtype(at::kFloat))};
+}
+
+// torch's autograd engine refuses to run while its caller holds the GIL, which ORT's backward does.
+class GilReleased {
+ public:
+  GilReleased() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~GilReleased() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+template <bool kQuery, bool kKey, bool kValue, bool kMask>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& grad, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& mask, c10::optional<double> scale, bool is_causal, const at::Tensor& output,
+    const at::Tensor& logsumexp) {
+  at::Tensor grad_query, grad_key, grad_value, grad_mask;
+  if (!kMask && uses_flash(query, key, value, mask, scale, is_causal)) {
+    std::tie(grad_query, grad_key, grad_value) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, query, key, value, output, logsumexp, 0.0, is_causal, mask, scale);
+  } else {  // the math path (or a mask that needs a gradient): recomputed, differentiated by autograd
+    c10::AutoGradMode grad_mode(true);
+    std::vector<at::Tensor> inputs = {query.detach().requires_grad_(), key.detach().requires_grad_(),
+                                      value.detach().requires_grad_()};
+    c10::optional<at::Tensor> attention_mask = mask;
+    if (kMask && mask.has_value()) {
+      attention_mask = mask->detach().requires_grad_();
+      inputs.push_back(*attention_mask);
+    }
+    auto recomputed = at::scaled_dot_product_attention(inputs[0], inputs[1], inputs[2], attention_mask, 0.0,
+                                                       is_causal, scale);
+    GilReleased gil_released;
+    auto grads = torch::autograd::grad({recomputed}, inputs, {grad});
+    grad_query = grads[0];
+    grad_key = grads[1];
+    grad_value = grads[2];
+    if (grads.size() > 3) grad_mask = grads[3];
+  }
+  if (!kQuery) grad_query = at::Tensor();
+  if (!kKey) grad_key = at::Tensor();
+  if (!kValue) grad_value = at::Tensor();
+  return {grad_query, grad_key, grad_value, grad_mask};
+}
+
 }  // namespace
 
 // The overloads for each set of gradients a node needs (see the top of this file). A missing
@@ -170,8 +242,35 @@ at::Tensor relu_backward(const at::Tensor& grad, const at::Tensor& output) {
   m.def("layer_norm" overload LAYER_NORM, &layer_norm);                                                     \
   m.def("layer_norm_backward" overload LAYER_NORM_BACKWARD, &layer_norm_backward<input, weight, bias>);
 
+// The same for attention's query, key, value and mask.
+#define ATTENTION_OVERLOADS(DEF)                    \
+  DEF("", true, true, true, true)                   \
+  DEF(".query_key_value", true, true, true, false)  \
+  DEF(".query_key_mask", true, true, false, true)   \
+  DEF(".query_key", true, true, false, false)       \
+  DEF(".query_value_mask", true, false, true, true) \
+  DEF(".query_value", true, false, true, false)     \
+  DEF(".query_mask", true, false, false, true)      \
+  DEF(".query", true, false, false, false)          \
+  DEF(".key_value_mask", false, true, true, true)   \
+  DEF(".key_value", false, true, true, false)       \
+  DEF(".key_mask", false, true, false, true)        \
+  DEF(".key", false, true, false, false)            \
+  DEF(".value_mask", false, false, true, true)      \
+  DEF(".value", false, false, true, false)          \
+  DEF(".mask", false, false, false, true)
+
+#define ATTENTION "(Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, bool is_causal) -> (Tensor, Tensor)"
+#define ATTENTION_BACKWARD                                                                                  \
+  "(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, bool is_causal, "     \
+  "Tensor output, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)"
+#define DEFINE_ATTENTION_OVERLOAD(overload, query, key, value, mask) \
+  m.def("attention" overload ATTENTION, &attention);                 \
+  m.def("attention_backward" overload ATTENTION_BACKWARD, &attention_backward<query, key, value, mask>);
+
 TORCH_LIBRARY(lightning_ort, m) {
   GRADIENT_OVERLOADS(DEFINE_OVERLOAD)
+  ATTENTION_OVERLOADS(DEFINE_ATTENTION_OVERLOAD)
   m.def("gelu(Tensor input, bool tanh) -> Tensor", &gelu);
   m.def("gelu_backward(Tensor grad, Tensor input, bool tanh) -> Tensor", &gelu_backward);
   m.def("relu(Tensor input) -> Tensor", &relu);
