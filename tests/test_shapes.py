@@ -243,31 +243,45 @@ def test_varying_sequence_lengths() -> None:
 
 
 class AttentionTokenModel(Recording, Base):
-    """An encoder layer with a padding mask over sequences whose length changes every batch."""
+    """Attention over sequences whose length changes every batch: an encoder layer with a padding
+    mask or a causal mask, cross-attention to a memory of another length, attention weights."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
         super().__init__()
+        self.kind = kind
         self.embed = nn.Embedding(50, 16)
         self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.cross = nn.MultiheadAttention(16, 2, batch_first=True)
         self.head = nn.Linear(16, 2)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = batch["ids"]
-        return self.head(self.layer(self.embed(ids), src_key_padding_mask=ids == 0).mean(1))
+        x = self.embed(ids)
+        if self.kind == "padding":
+            x = self.layer(x, src_key_padding_mask=ids == 0)
+        elif self.kind == "causal":
+            mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+            x = self.layer(x, src_mask=mask, is_causal=True)
+        elif self.kind == "cross":
+            memory = self.embed(ids[:, 1:])
+            x = x + self.cross(x, memory, memory, key_padding_mask=ids[:, 1:] == 0, need_weights=False)[0]
+        else:  # nn.MultiheadAttention's default need_weights=True, the averaged weights used too
+            attended, weights = self.cross(x, x, x, key_padding_mask=ids == 0)
+            x = attended + weights.mean(-1, keepdim=True)
+        return self.head(x.mean(1))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return F.cross_entropy(self.record("train", self(batch)), batch["y"])
 
 
-def test_attention_with_varying_sequence_lengths_falls_back_loudly_and_trains_like_eager() -> None:
-    """torch's exporter bakes nn.MultiheadAttention's sequence length into a Reshape, so ORT's graph
-    fails at the next length (a known limitation, benchmarks/NOTES.md): PyTorch must take over with
-    a warning that names the failure, with eager's results."""
-    result = compare(AttentionTokenModel, token_loader, max_steps=6)
-    (report,) = result.ort.reports
-    assert report.ort_calls == 1 and report.torch_calls == 5
-    assert "Reshape" in str(report.fallback_reason)
-    assert any("ORT cannot run" in message for message in result.warnings)
+@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "weights"])
+def test_attention_with_varying_sequence_lengths_trains_in_ort_like_eager(kind: str) -> None:
+    """torch's exporter would freeze nn.MultiheadAttention's sequence length (benchmarks/NOTES.md);
+    lightning_ort's export keeps it dynamic, so one graph serves every length."""
+    result = compare(lambda: AttentionTokenModel(kind), token_loader, max_steps=6)
+    assert_ort_ran(result.ort, min_calls=6)
+    assert result.exports == (1, 0)
+    assert not result.warnings
 
 
 def test_dict_input_that_gains_a_key() -> None:

@@ -4,10 +4,8 @@ Shakespeare text shipped with the GPT example, for training with ``strategy="ort
 Every line of verse spoken by one of the chosen characters is one example, labelled with its speaker.
 Whole speeches go either to training or to validation, so validation lines come from speeches the
 model never saw. Batches are dicts with ``input_ids``, ``attention_mask`` (1 for words, 0 for padding)
-and ``labels``. Every batch is padded to ``max_len`` words: ORT's graph of ``nn.MultiheadAttention``
-holds the sequence length it was exported with, so batches padded to their longest line make ORT
-give up after the first one and train in PyTorch (``fixed_length=False`` does that, for eager runs).
-Run from the repository root::
+and ``labels``. Every batch is padded to ``max_len`` words, or with ``fixed_length=False`` to its
+longest line (ORT trains both, with one graph for every length). Run from the repository root::
 
     lightning-ort fit --config examples/encoder_classifier/configs/ort.yaml     # compute in ONNX Runtime
     lightning-ort fit --config examples/encoder_classifier/configs/eager.yaml   # plain PyTorch
@@ -106,8 +104,7 @@ class SpeakerDataModule(pl.LightningDataModule):
         val_fraction: share of the speeches (not lines) held out for validation.
         batch_size: lines per batch.
         seed: seed of the speech split and of the training-set shuffling.
-        fixed_length: pad every batch to ``max_len`` (``False``: to its longest line, which ORT cannot
-            train: see the module's docstring).
+        fixed_length: pad every batch to ``max_len`` (``False``: to its longest line).
     """
 
     def __init__(

@@ -11,6 +11,7 @@ from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache
 from lightning_ort._compat.export_guard import guarded_export
 from lightning_ort._compat.gradient_overloads import choose_overloads
+from lightning_ort._compat.mha_export import dynamic_attention_shapes
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def _wrap_export() -> None:
         with (
             export_cache(directory, kwargs["logger"]) as results,
             guarded_export(module),
+            dynamic_attention_shapes(),
             rewritten_symbolics(rewrites, kwargs["onnx_opset_version"]),
         ):
             results.append(original(*args, **kwargs))
