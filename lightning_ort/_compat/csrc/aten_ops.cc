@@ -1,6 +1,6 @@
 // torch kernels that ORT graphs run through ATen nodes (ORT's aten_op_executor), as operators of the
-// `lightning_ort` namespace: convolutions, linear layers, GELU, ReLU and LayerNorm (torch_kernels.py)
-// and BatchNorm (batchnorm.py).
+// `lightning_ort` namespace: convolutions, linear layers, GELU, ReLU, LayerNorm and attention without
+// dropout (torch_kernels.py) and BatchNorm (batchnorm.py).
 //
 // ORT's executor passes only tensors, ints, floats and bools (and lists of them), and ORT's gradient
 // graph cannot produce `convolution_backward`'s bias_sizes; these thin wrappers give torch's
@@ -199,8 +199,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
 
 // The overloads for each set of gradients a node needs (see the top of this file). A missing
 // bias (`convolution`) is simply not computed, whatever the overload says.
-#define GRADIENT_OVERLOADS(DEF)       \
-  DEF("", true, true, true)           \
+#define GRADIENT_OVERLOADS(DEF)           \
+  DEF("", true, true, true)               \
   DEF(".input_weight", true, true, false) \
   DEF(".input_bias", true, false, true)   \
   DEF(".weight_bias", false, true, true)  \
