@@ -391,8 +391,8 @@ def test_bad_op_rewrites_value_is_refused() -> None:
 
 class AttentionNet(Base):
     """Attention without dropout in the forms users have: an encoder layer with a padding mask, a
-    causal mask, cross-attention to a frozen memory and a learned additive bias (its mask needs a
-    gradient)."""
+    causal mask, cross-attention to a frozen memory, an explicit scale, and a learned additive bias
+    (its mask needs a gradient)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -414,6 +414,9 @@ class AttentionNet(Base):
         elif self.kind == "cross":
             memory = self.memory(ids.flip(1))
             x = x + self.cross(x, memory, memory, need_weights=False)[0]
+        elif self.kind == "scaled-causal":
+            q = x.unflatten(-1, (2, 8)).transpose(1, 2)
+            x = F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.3).transpose(1, 2).flatten(2)
         else:  # learned bias
             q = x.unflatten(-1, (2, 8)).transpose(1, 2)
             x = F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias).transpose(1, 2).flatten(2)
@@ -433,7 +436,7 @@ def padded_token_loader() -> DataLoader:
     return DataLoader(TensorDataset(ids, torch.randint(0, 3, (48,), generator=g)), 8)
 
 
-@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "learned-bias"])
+@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "scaled-causal", "learned-bias"])
 def test_attention_runs_torch_kernels_and_matches_eager(kind: str) -> None:
     eager, ort, recorder = _fit_with_graph(lambda: AttentionNet(kind), padded_token_loader)
     assert_ort_ran(ort, STEPS)

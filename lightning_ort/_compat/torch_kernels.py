@@ -132,6 +132,13 @@ def _relu(g: Any, input: Any) -> Any:
     return output
 
 
+def _none(g: Any) -> Any:
+    """An absent optional input (exported as ONNX's empty input name)."""
+    none = g.op("prim::Constant")
+    none.setType(torch._C.NoneType.get())
+    return none
+
+
 def _attention(
     g: Any,
     query: Any,
@@ -154,9 +161,11 @@ def _attention(
             g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
         )
     if attn_mask is None:
-        attn_mask = g.op("prim::Constant")
+        attn_mask = _none(g)
     if scale is None:
-        scale = g.op("prim::Constant")
+        scale = _none(g)
+    elif not symbolic_helper._is_none(scale):  # ORT's executor reads float arguments as float32
+        scale = g.op("Cast", scale, to_i=torch.onnx.TensorProtoDataType.FLOAT)
     outputs = g.op(ATEN, query, key, value, attn_mask, scale, is_causal, operator_s=_ATTENTION, outputs=2)
     outputs[0].setType(query.type())
     rank = symbolic_helper._get_tensor_rank(query)
