@@ -35,6 +35,11 @@ class ForwardAdapter(torch.nn.Module):
         except AttributeError:
             return getattr(object.__getattribute__(self, "_owner"), name)
 
+    def __dir__(self) -> list[str]:
+        # Module.__dir__ lists dir(self.__class__), which for_module may point at the owner's class
+        keys = {*dir(type(self)), *self.__dict__, *self._parameters, *self._modules, *self._buffers}
+        return sorted(key for key in keys if not key[0].isdigit())
+
     def __deepcopy__(self, memo: dict[int, Any]) -> ForwardAdapter:
         # ORT deep-copies the module to infer its output schema; the owner (and its Trainer) is shared.
         clone = type(self).__new__(type(self))
@@ -49,9 +54,16 @@ class ForwardAdapter(torch.nn.Module):
 
         For plain modules the owner's class is also a base, so ``forward`` finds methods such as
         ``Sequential.__iter__``. A LightningModule is not: ORT inspects every attribute of the module
-        it wraps, and many LightningModule properties fail outside a running Trainer.
+        it wraps, and many LightningModule properties fail outside a running Trainer. Its adapter
+        reports the owner's class as ``__class__`` instead (``type()`` still gives the adapter's), so
+        that zero-argument ``super()`` in the owner's ``forward`` finds the parent's methods.
         """
         owner_cls = type(owner)
-        bases = (cls,) if isinstance(owner, pl.LightningModule) else (cls, owner_cls)
-        adapter_cls = type(f"{owner_cls.__name__}ORTAdapter", bases, {"forward": owner_cls.forward})
+        namespace: dict[str, Any] = {"forward": owner_cls.forward}
+        if isinstance(owner, pl.LightningModule):
+            bases: tuple[type, ...] = (cls,)
+            namespace["__class__"] = property(lambda self: owner_cls)
+        else:
+            bases = (cls, owner_cls)
+        adapter_cls = type(f"{owner_cls.__name__}ORTAdapter", bases, namespace)
         return adapter_cls(owner)

@@ -199,3 +199,17 @@ def test_test_stage_runs_through_ort_and_switches_to_children() -> None:
     assert names == ["forward", "body", "head"]
     assert [r.ort_calls for r in trainer.strategy.ort_reports] == [0, 3, 3]
     assert ort_metrics["test_loss"] == pytest.approx(eager_metrics["test_loss"], rel=1e-5)
+
+
+class TanhCNN(CNN):
+    """A subclass whose forward extends its parent's with zero-argument super()."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(super().forward(x))
+
+
+def test_subclass_forward_calling_super_trains_in_ort() -> None:
+    eager, ort = fit_both(TanhCNN, image_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
