@@ -30,7 +30,17 @@ def image_loader(channels: int = 3, size: int = 12) -> DataLoader:
     return DataLoader(TensorDataset(images, torch.randint(0, 4, (48,), generator=g)), 8)
 
 
-class ConvNet(Base):
+class Classifier(Base):
+    """Trained and validated with cross-entropy on ``(inputs, labels)`` batches."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+class ConvNet(Classifier):
     def __init__(self, body: nn.Module, features: int) -> None:
         super().__init__()
         self.body = body
@@ -38,12 +48,6 @@ class ConvNet(Base):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x).flatten(1))
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
 
 
 def conv_bn(bias: bool) -> ConvNet:
@@ -122,7 +126,7 @@ class UnfreezeStem(ConvNet):
             self.body.requires_grad_(True)
 
 
-class Conv1dNet(Base):
+class Conv1dNet(Classifier):
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv1d(8, 8, 5, padding=2)
@@ -130,12 +134,6 @@ class Conv1dNet(Base):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(F.relu(self.conv(x.transpose(1, 2))).mean(-1))
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
 
 
 def sequence_loader() -> DataLoader:
@@ -239,7 +237,7 @@ def test_conv1d_and_relu_rewrite_match_eager() -> None:
     assert_states_match(eager, ort)
 
 
-class SequenceNet(Base):
+class SequenceNet(Classifier):
     """Linear layers on [batch, time, features] inputs (with and without bias), LayerNorm, GELU, ReLU."""
 
     def __init__(self, approximate: str = "none", affine: bool = True) -> None:
@@ -253,12 +251,6 @@ class SequenceNet(Base):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.gelu(self.norm(self.embed(x)), approximate=self.approximate)
         return self.head(F.relu(self.mixer(h)).mean(1))
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
 
 
 def frozen_embedding() -> SequenceNet:
@@ -297,7 +289,7 @@ def test_linear_norm_and_activations_run_torch_kernels_and_match_eager(make_mode
     assert_states_match(eager, ort)
 
 
-class MaskedRelu(Base):
+class MaskedRelu(Classifier):
     """ReLU of -inf (masked scores): 0 in eager PyTorch, and so through ORT."""
 
     def __init__(self) -> None:
@@ -308,12 +300,6 @@ class MaskedRelu(Base):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = self.score(x).masked_fill(x > 1.0, float("-inf"))
         return self.head(F.relu(scores).mean(1))
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
 
 
 def test_relu_of_minus_infinity_is_zero_as_in_eager() -> None:
@@ -335,7 +321,7 @@ def test_rewrites_off_uses_ort_kernels_and_still_matches() -> None:
     assert_states_match(eager, ort)
 
 
-class ClsPooling(Base):
+class ClsPooling(Classifier):
     """Takes the first token (``x[:, 0]``), like BERT-style classifiers, after self-attention."""
 
     def __init__(self) -> None:
@@ -348,12 +334,6 @@ class ClsPooling(Base):
         x = self.embed(ids)
         x = x + self.attn(x, x, x, need_weights=False)[0]
         return self.head(x[:, 0] - x[:, -1])
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
 
 
 def token_loader() -> DataLoader:
@@ -389,7 +369,7 @@ def test_bad_op_rewrites_value_is_refused() -> None:
         lightning_ort.ORTStrategy(op_rewrites="yes")  # type: ignore[arg-type]
 
 
-class AttentionNet(Base):
+class AttentionNet(Classifier):
     """Attention without dropout in the forms users have: an encoder layer with a padding mask, a
     causal mask, cross-attention to a frozen memory, an explicit scale, and a learned additive bias
     (its mask needs a gradient)."""
@@ -421,12 +401,6 @@ class AttentionNet(Base):
             q = x.unflatten(-1, (2, 8)).transpose(1, 2)
             x = F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias).transpose(1, 2).flatten(2)
         return self.head(x.mean(1))
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
 
 
 def padded_token_loader() -> DataLoader:
