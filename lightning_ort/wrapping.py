@@ -94,13 +94,6 @@ class ORTStrategyMixin(Strategy):
         if not isinstance(export_cache, bool):
             raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
-        if op_rewrites and (memory_optimization_level or memory_optimizer_config):
-            rank_zero_warn(
-                f"{name}(op_rewrites=True) runs linear layers, convolutions, GELU, ReLU, LayerNorm and"
-                " attention on torch's kernels, which ORT's memory optimizer cannot recompute, so its"
-                " recompute plans cover less. Leave op_rewrites=None (off when a memory optimization is"
-                " set) to let ORT recompute them."
-            )
         self.modules = list(modules) if modules is not None else None
         self.log_level = log_level
         self.fallback = fallback
@@ -115,6 +108,13 @@ class ORTStrategyMixin(Strategy):
             op_rewrites=op_rewrites,
             export_cache=export_cache,
         )
+        if op_rewrites and self.runtime_options.memory_optimized:
+            rank_zero_warn(
+                f"{name}(op_rewrites=True) runs linear layers, convolutions, GELU, ReLU, LayerNorm and"
+                " attention on torch's kernels, which ORT's memory optimizer cannot recompute, so its"
+                " recompute plans cover less. Leave op_rewrites=None (off when a memory optimization is"
+                " set) to let ORT recompute them."
+            )
         self._guards = []
         self._retired = []
         self._auto_forward = False

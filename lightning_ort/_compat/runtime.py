@@ -51,6 +51,11 @@ class ORTRuntimeOptions:
     profile_file_prefix: str | None = None
     export_cache: bool = False
 
+    @property
+    def memory_optimized(self) -> bool:
+        """Whether ORT's memory optimizer has recompute work (a level, or plans from a config)."""
+        return self.memory_optimization_level > 0 or bool(self.memory_optimizer_config)
+
     def session_entries(self) -> dict[str, str]:
         entries = {"session.intra_op.allow_spinning": "1" if self.allow_spinning else "0"}
         entries.update(self.session_config)
@@ -96,8 +101,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
 
     rewrites = options.op_rewrites
     if rewrites is None:
-        memory_optimized = options.memory_optimization_level > 0 or bool(options.memory_optimizer_config)
-        rewrites = not memory_optimized and all(tensor.device.type == "cpu" for tensor in module.parameters())
+        rewrites = not options.memory_optimized and all(tensor.device.type == "cpu" for tensor in module.parameters())
     setattr(ort_module._torch_module._flattened_module, OP_REWRITES_ATTR, rewrites)
     setattr(ort_module._torch_module._flattened_module, EXPORT_CACHE_ATTR, options.export_cache)
     training_manager = _execution_managers(ort_module)[0]
