@@ -6,7 +6,7 @@ Separate processes (benchmarks/run.py) see the shared machine's noise differentl
 variant trains its own copy of the same model on the same batches, one step each in turn, so the
 noise falls on all of them alike. Speed is eager's median step time over the variant's (higher is
 faster). Variants: ``default`` (lightning_ort's defaults), ``no_rewrites`` (``op_rewrites=False``),
-``threads1`` (``intra_op_num_threads=1``), ``spinning`` (``allow_spinning=True``; its spinning
+``threads<N>`` (``intra_op_num_threads=N``, e.g. ``threads1``), ``spinning`` (``allow_spinning=True``; its spinning
 threads also slow down whatever runs after it, eager included, so measure it alone).
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -32,13 +33,23 @@ from lightning_ort import _compat  # noqa: E402
 VARIANTS = {
     "default": {},
     "no_rewrites": {"op_rewrites": False},
-    "threads1": {"intra_op_num_threads": 1},
     "spinning": {"allow_spinning": True},
 }
 
 
+def variant_options(variant: str) -> dict[str, Any] | None:
+    """ORTRuntimeOptions fields of a variant name, or None if the name is unknown."""
+    if variant in VARIANTS:
+        return VARIANTS[variant]
+    threads = variant.removeprefix("threads")
+    if threads != variant and threads.isdigit() and int(threads) > 0:
+        return {"intra_op_num_threads": int(threads)}
+    return None
+
+
 def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) -> dict[str, float]:
-    """Speed of each variant relative to eager (eager's median step / the variant's)."""
+    """Speed of each variant relative to eager (eager's median step / the variant's), and eager's median
+    step in milliseconds under ``eager_ms``."""
     workload = workloads(size)[name]
     generator = torch.Generator().manual_seed(0)
     batches = [workload.make_batch(generator) for _ in range(warmup + steps)]
@@ -50,7 +61,7 @@ def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) 
         model = copy.deepcopy(base)
         call = model
         if variant != "eager":
-            call = _compat.wrap_module(model, dataclasses.replace(defaults, **VARIANTS[variant]))
+            call = _compat.wrap_module(model, dataclasses.replace(defaults, **variant_options(variant)))
         optimizer = workload.make_optimizer(list(model.parameters()))
         runs[variant] = ((call, optimizer), [])
     for index, batch in enumerate(batches):
@@ -60,7 +71,8 @@ def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) 
             if index >= warmup:
                 times.append(time.perf_counter() - start)
     eager = statistics.median(runs["eager"][1])
-    return {variant: eager / statistics.median(times) for variant, (_, times) in runs.items() if variant != "eager"}
+    speeds = {variant: eager / statistics.median(times) for variant, (_, times) in runs.items() if variant != "eager"}
+    return {"eager_ms": eager * 1000, **speeds}
 
 
 def main() -> None:
@@ -70,16 +82,21 @@ def main() -> None:
     parser.add_argument("--size", choices=("tiny", "full"), default="full")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     variants = args.variants.split(",")
-    unknown = set(variants) - set(VARIANTS)
+    unknown = [v for v in variants if variant_options(v) is None]
     if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    print("| workload | " + " | ".join(variants) + " |")
-    print("| --- |" + " --- |" * len(variants))
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)} or threads<N>")
+    print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
+    print("| workload | eager ms/step | " + " | ".join(variants) + " |")
+    print("| --- | --- |" + " --- |" * len(variants))
     for name in args.workloads.split(","):
         speeds = measure(name, args.size, variants, args.steps, args.warmup)
-        print(f"| {name} | " + " | ".join(f"{speeds[v]:.2f}x" for v in variants) + " |", flush=True)
+        cells = [f"{speeds['eager_ms']:.1f}", *(f"{speeds[v]:.2f}x" for v in variants)]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
