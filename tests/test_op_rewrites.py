@@ -371,8 +371,8 @@ def test_bad_op_rewrites_value_is_refused() -> None:
 
 class AttentionNet(Classifier):
     """Attention without dropout in the forms users have: an encoder layer with a padding mask, a
-    causal mask, cross-attention to a frozen memory, an explicit scale, and a learned additive bias
-    (its mask needs a gradient)."""
+    causal mask, cross-attention to a frozen memory, an explicit scale, a learned additive bias
+    (its mask needs a gradient), and heads that are no transpose of the input (a plain reshape)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -397,9 +397,12 @@ class AttentionNet(Classifier):
         elif self.kind == "scaled-causal":
             q = x.unflatten(-1, (2, 8)).transpose(1, 2)
             x = F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.3).transpose(1, 2).flatten(2)
-        else:  # learned bias
+        elif self.kind == "learned-bias":
             q = x.unflatten(-1, (2, 8)).transpose(1, 2)
             x = F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias).transpose(1, 2).flatten(2)
+        else:  # heads from a reshape
+            q = x.reshape(x.shape[0], 2, -1, 8)
+            x = F.scaled_dot_product_attention(q, q, q, is_causal=True).reshape(x.shape)
         return self.head(x.mean(1))
 
 
@@ -410,12 +413,73 @@ def padded_token_loader() -> DataLoader:
     return DataLoader(TensorDataset(ids, torch.randint(0, 3, (48,), generator=g)), 8)
 
 
-@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "scaled-causal", "learned-bias"])
+@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "scaled-causal", "learned-bias", "reshaped-heads"])
 def test_attention_runs_torch_kernels_and_matches_eager(kind: str) -> None:
     eager, ort, recorder = _fit_with_graph(lambda: AttentionNet(kind), padded_token_loader)
     assert_ort_ran(ort, STEPS)
     operators = [operator for op_type, operator in recorder.nodes if op_type == "ATen"]
     assert "lightning_ort::attention" in operators
-    assert "Softmax" not in {op_type for op_type, _ in recorder.nodes}
+    op_types = {op_type for op_type, _ in recorder.nodes}
+    assert "Softmax" not in op_types
+    # the heads' transpose(1, 2) and nn.MultiheadAttention's batch_first transposes are views of
+    # the attention operator, not ORT copies
+    assert "Transpose" not in op_types
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class SpelledOutAttention(Classifier):
+    """Attention written out as the GPT example does (matmul with the key transposed, a causal
+    ``masked_fill``, softmax, matmul with the values), then a broadcast matmul with a parameter.
+    Kinds: ``causal``; ``frozen-query`` and ``frozen-value`` (from a frozen embedding: one side of
+    a matmul needs no gradient); ``linear-attention`` (the transposed tensor on the left, softmax over dim -2);
+    ``float-softmax`` (a softmax that casts, left to ORT)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.embed = nn.Embedding(40, 16)
+        self.qkv = nn.Linear(16, 48)
+        self.mix = nn.Parameter(torch.randn(16, 16) * 0.2)
+        self.frozen = nn.Embedding(40, 16).requires_grad_(False)
+        self.head = nn.Linear(16, 3)
+        self.register_buffer("causal", torch.tril(torch.ones(7, 7, dtype=torch.bool)), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        batch, length = ids.shape
+        heads = self.qkv(self.embed(ids)).view(batch, length, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        q, k, v = heads[0], heads[1], heads[2]
+        frozen = self.frozen(ids).view(batch, length, 2, 8).transpose(1, 2)
+        if self.kind == "frozen-query":
+            q = frozen
+        if self.kind == "frozen-value":
+            v = frozen
+        if self.kind == "linear-attention":
+            y = q.softmax(-1) @ (k.softmax(-2).transpose(-2, -1) @ v)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * 8**-0.5
+            scores = scores.masked_fill(~self.causal[:length, :length], float("-inf"))
+            dtype = torch.float32 if self.kind == "float-softmax" else None
+            y = F.softmax(scores, dim=-1, dtype=dtype) @ v
+        y = y.transpose(1, 2).reshape(batch, length, 16) @ self.mix
+        return self.head(y.mean(1))
+
+
+@pytest.mark.parametrize("kind", ["causal", "frozen-query", "frozen-value", "linear-attention", "float-softmax"])
+def test_spelled_out_attention_runs_torch_kernels_and_matches_eager(kind: str) -> None:
+    eager, ort, recorder = _fit_with_graph(lambda: SpelledOutAttention(kind), padded_token_loader)
+    assert_ort_ran(ort, STEPS)
+    operators = {operator for op_type, operator in recorder.nodes if op_type == "ATen"}
+    op_types = {op_type for op_type, _ in recorder.nodes}
+    assert "lightning_ort::matmul" in operators
+    assert "MatMul" not in op_types
+    if kind != "linear-attention":
+        assert "lightning_ort::masked_fill" in operators
+        assert "Where" not in op_types
+    if kind == "float-softmax":
+        assert "Softmax" in op_types
+    else:
+        assert "lightning_ort::softmax" in operators
+        assert "Softmax" not in op_types
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -28,6 +28,7 @@ OPERATORS = {
     "lightning_ort::batch_norm": ("input", "weight", "bias"),
     "lightning_ort::layer_norm": ("input", "weight", "bias"),
     "lightning_ort::attention": ("query", "key", "value", "mask"),
+    "lightning_ort::matmul": ("self", "other"),
 }
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.
@@ -36,6 +37,8 @@ NON_DIFFERENTIABLE = {
     "IsNaN", "IsInf", "NonZero", "ArgMax", "ArgMin", "Range", "ConstantOfShape", "EyeLike", "RandomNormalLike",
     "RandomUniformLike", "Bernoulli",
 }  # fmt: skip
+# ATen operators that stop gradients (``Tensor.detach()``, detach.py)
+STOP_GRADIENT_OPERATORS = {"detach_copy"}
 
 
 def aten_node(operator: str, inputs: list[str], outputs: list[str], overload: str = "") -> tuple[Any, ...]:
@@ -97,14 +100,17 @@ def choose_overloads(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -
     """
     reachable = set(inputs_requiring_grad)
     for node in model.graph.node:  # ONNX nodes are topologically sorted
+        differentiable = node.op_type not in NON_DIFFERENTIABLE
         if node.domain == GRAD_DOMAIN and node.op_type == "ATen":
             attributes = {attribute.name: attribute for attribute in node.attribute}
-            slots = OPERATORS.get(attributes["operator"].s.decode())
+            operator = attributes["operator"].s.decode()
+            differentiable = operator not in STOP_GRADIENT_OPERATORS
+            slots = OPERATORS.get(operator)
             if slots is not None:
                 inputs = list(node.input)
                 needed = tuple(index < len(inputs) and inputs[index] in reachable for index in range(len(slots)))
                 _set_overload(node, attributes, overload_name(slots, needed))
-        if node.op_type not in NON_DIFFERENTIABLE and any(name in reachable for name in node.input):
+        if differentiable and any(name in reachable for name in node.input):
             reachable.update(node.output)
 
 

@@ -8,9 +8,11 @@ length is exported as a constant and ORT's graph fails at the next length.
 
 During ORT's export lightning_ort therefore traces :func:`multi_head_attention_forward` below for
 the common case (no ``bias_k``/``bias_v``, no ``add_zero_attn``, no ``static_k``/``static_v``, as
-``nn.TransformerEncoderLayer`` and most models use it): torch 2.13's own steps for that case, in the
-same order, with every length taken from the inputs' shapes and the packed q/k/v split by ``chunk``.
-Results are torch's (same kernels, same values); other calls run torch's own function.
+``nn.TransformerEncoderLayer`` and most models use it): torch 2.13's own steps for that case, with
+every length taken from the inputs' shapes, the packed q/k/v split by ``chunk``, and (without
+``need_weights``) the heads laid out batch-major so that the export holds no transposes. Same
+kernels and values as torch's, up to the summation order of the projections' weight gradients;
+other calls run torch's own function.
 """
 
 from __future__ import annotations
@@ -88,8 +90,13 @@ def multi_head_attention_forward(
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.unsqueeze(0)
-    tgt_len, bsz, embed_dim = query.shape
-    src_len = key.shape[0]
+    if need_weights:
+        tgt_len, bsz, embed_dim = query.shape
+        src_len = key.shape[0]
+    else:  # batch-major from here on, sizes read after the transpose: see _batch_major
+        query, key, value = _batch_major(query, key, value)
+        bsz, tgt_len, embed_dim = query.shape
+        src_len = key.shape[1]
     key_padding_mask = F._canonical_mask(
         mask=key_padding_mask,
         mask_name="key_padding_mask",
@@ -119,9 +126,6 @@ def multi_head_attention_forward(
     shared_mask = attn_mask is not None and attn_mask.dim() == 2  # one (L, S) mask for every batch and head
     if shared_mask:
         attn_mask = attn_mask.unsqueeze(0)
-    q = q.view(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
-    k = k.view(src_len, bsz * num_heads, head_dim).transpose(0, 1)
-    v = v.view(src_len, bsz * num_heads, head_dim).transpose(0, 1)
     if key_padding_mask is not None:
         key_padding_mask = (
             key_padding_mask.view(bsz, 1, 1, src_len).expand(-1, num_heads, -1, -1).reshape(bsz * num_heads, 1, src_len)
@@ -131,6 +135,9 @@ def multi_head_attention_forward(
     if not training:
         dropout_p = 0.0
     if need_weights:
+        q = q.view(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
+        k = k.view(src_len, bsz * num_heads, head_dim).transpose(0, 1)
+        v = v.view(src_len, bsz * num_heads, head_dim).transpose(0, 1)
         return _attention_with_weights(
             q, k, v, attn_mask, dropout_p, embed_dim_to_check // num_heads, average_attn_weights, is_batched,
             (tgt_len, bsz, src_len, embed_dim, num_heads), out_proj_weight, out_proj_bias,
@@ -139,16 +146,32 @@ def multi_head_attention_forward(
         # torch tests attn_mask.size(0) == 1, which the trace would freeze; the two forms agree when a
         # (batch * heads, L, S) mask has batch * heads == 1
         attn_mask = attn_mask.unsqueeze(0) if shared_mask else attn_mask.view(bsz, num_heads, -1, src_len)
-    q = q.view(bsz, num_heads, tgt_len, head_dim)
-    k = k.view(bsz, num_heads, src_len, head_dim)
-    v = v.view(bsz, num_heads, src_len, head_dim)
+    q = q.view(bsz, tgt_len, num_heads, head_dim).transpose(1, 2)
+    k = k.view(bsz, src_len, num_heads, head_dim).transpose(1, 2)
+    v = v.view(bsz, src_len, num_heads, head_dim).transpose(1, 2)
     attn_output = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
-    attn_output = attn_output.permute(2, 0, 1, 3).reshape(bsz * tgt_len, embed_dim)
-    attn_output = F.linear(attn_output, out_proj_weight, out_proj_bias)
-    attn_output = attn_output.view(tgt_len, bsz, attn_output.size(1))
+    attn_output = attn_output.transpose(1, 2).reshape(bsz, tgt_len, embed_dim)
+    attn_output = F.linear(attn_output, out_proj_weight, out_proj_bias).transpose(0, 1)
     if not is_batched:
         attn_output = attn_output.squeeze(1)
     return attn_output, None
+
+
+def _batch_major(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(batch, length, embed) views of the (length, batch, embed) inputs, shared inputs kept shared.
+
+    ``nn.MultiheadAttention(batch_first=True)`` transposes its inputs to (length, batch, embed) and
+    the output back; torch's exporter fuses those transposes with these into nothing, and the heads
+    become (batch, length, heads, dim) views that the attention operator takes without a copy
+    (torch_kernels.py). Their sizes are read from these views: a size read from the (length, batch,
+    embed) input would keep its transpose in the graph. The same values as torch's order: every
+    projected row is computed alike."""
+    batch_query = query.transpose(0, 1)
+    batch_key = batch_query if key is query else key.transpose(0, 1)
+    batch_value = batch_key if value is key else value.transpose(0, 1)
+    return batch_query, batch_key, batch_value
 
 
 def _attention_with_weights(

@@ -8,6 +8,8 @@ own export:
 
 - convolutions, linear layers, GELU, ReLU, LayerNorm and attention without dropout as ATen nodes
   that run torch's kernels (torch_kernels.py), with identical results to eager;
+- the ``matmul``, ``masked_fill`` and ``softmax`` of attention written out by hand, likewise
+  (matmul_softmax.py);
 - ``select`` with a constant index (``x[:, 0]``, the q/k/v split inside ``nn.MultiheadAttention``) as
   ``Slice`` + ``Squeeze``, whose gradient is a ``SliceGrad`` copy instead of the ``GatherGrad``
   scatter that ``Gather`` gets.
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
-from lightning_ort._compat import torch_kernels
+from lightning_ort._compat import matmul_softmax, torch_kernels
 
 
 def _select(g: Any, self: Any, dim: Any, index: Any) -> Any:
@@ -37,12 +39,13 @@ def _select(g: Any, self: Any, dim: Any, index: Any) -> Any:
     return symbolic_helper._squeeze_helper(g, sliced, [dim_value])
 
 
-SYMBOLICS = {**torch_kernels.SYMBOLICS, "select": _select}
+SYMBOLICS = {**torch_kernels.SYMBOLICS, **matmul_softmax.SYMBOLICS, "select": _select}
 
 
 def register_gradients() -> None:
-    """Give ORT's gradient builder the gradients of torch_kernels' operators (process-wide)."""
+    """Give ORT's gradient builder the gradients of the rewritten operators (process-wide)."""
     torch_kernels.register_gradients()
+    matmul_softmax.register_gradients()
 
 
 @contextlib.contextmanager

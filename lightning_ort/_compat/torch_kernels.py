@@ -166,12 +166,34 @@ def _attention(
         scale = _none(g)
     elif not symbolic_helper._is_none(scale):  # ORT's executor reads float arguments as float32
         scale = g.op("Cast", scale, to_i=torch.onnx.TensorProtoDataType.FLOAT)
-    outputs = g.op(ATEN, query, key, value, attn_mask, scale, is_causal, operator_s=_ATTENTION, outputs=2)
+    untransposed = [_heads_second_source(tensor) for tensor in (query, key, value)]
+    transposed = all(source is not None for source in untransposed)
+    if transposed:
+        query, key, value = untransposed
+    flag = g.op("Constant", value_t=torch.tensor(transposed))
+    outputs = g.op(ATEN, query, key, value, attn_mask, scale, is_causal, flag, operator_s=_ATTENTION, outputs=2)
     outputs[0].setType(query.type())
     rank = symbolic_helper._get_tensor_rank(query)
     statistic_type = query.type().with_dtype(torch.float32)
     outputs[1].setType(statistic_type if rank is None else statistic_type.with_sizes([None] * (rank - 1)))
-    return outputs[0]
+    if not transposed:
+        return outputs[0]
+    # torch's peephole pass fuses this Transpose with a consumer's transpose(1, 2) into nothing
+    return g.op("Transpose", outputs[0], perm_i=_SWAP_HEADS)
+
+
+_SWAP_HEADS = [0, 2, 1, 3]
+
+
+def _heads_second_source(tensor: Any) -> Any:
+    """The (batch, length, heads, dim) tensor that ``tensor`` is the transpose(1, 2) of, or None.
+
+    Attention usually gets its inputs as ``x.view(batch, length, heads, dim).transpose(1, 2)``; the
+    attention operator then takes ``x`` and the transpose becomes a view instead of ORT's copy."""
+    node = tensor.node()
+    if node.kind() != "onnx::Transpose" or not node.hasAttribute("perm") or getattr(node, "is")("perm") != _SWAP_HEADS:
+        return None
+    return node.input()
 
 
 SYMBOLICS = {
@@ -198,7 +220,7 @@ def register_gradients() -> None:
     register_gradient(_LINEAR_BIAS, "lightning_ort::linear_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"], grads)
     inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "O(1)", "O(2)"]
     register_gradient(_LAYER_NORM, "lightning_ort::layer_norm_backward", inputs, grads)
-    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "I(4)", "I(5)", "O(0)", "O(1)"]
+    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "I(4)", "I(5)", "I(6)", "O(0)", "O(1)"]
     register_gradient(_ATTENTION, "lightning_ort::attention_backward", inputs, ["GI(0)", "GI(1)", "GI(2)", "GI(3)"])
     register_simple_gradient(_GELU, "lightning_ort::gelu_backward", ["GO(0)", "I(0)", "I(1)"])
     register_simple_gradient(_RELU, "lightning_ort::relu_backward", ["GO(0)", "O(0)"])

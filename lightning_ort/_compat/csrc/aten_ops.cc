@@ -1,6 +1,7 @@
 // torch kernels that ORT graphs run through ATen nodes (ORT's aten_op_executor), as operators of the
-// `lightning_ort` namespace: convolutions, linear layers, GELU, ReLU, LayerNorm and attention without
-// dropout (torch_kernels.py) and BatchNorm (batchnorm.py).
+// `lightning_ort` namespace: convolutions, linear layers, GELU, ReLU, LayerNorm, attention without
+// dropout, and the matmul, masked_fill and softmax of attention written out by hand
+// (torch_kernels.py), and BatchNorm (batchnorm.py).
 //
 // ORT's executor passes only tensors, ints, floats and bools (and lists of them), and ORT's gradient
 // graph cannot produce `convolution_backward`'s bias_sizes; these thin wrappers give torch's
@@ -137,15 +138,27 @@ bool uses_flash(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   return at::_fused_sdp_choice(query, key, value, mask, 0.0, is_causal, scale, false) == kFlashAttention;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+// `transposed`: query, key, value and the output are (batch, length, heads, dim) tensors, the
+// transpose(1, 2) of attention's (batch, heads, length, dim), and the kernels take views of them.
+// The flash kernels keep (batch, length, heads, dim) memory for their output and gradients, so a
+// graph that wants that layout (nn.MultiheadAttention, most hand-written attention) copies nothing.
+at::Tensor heads_second(const at::Tensor& tensor, bool transposed) {
+  return transposed ? tensor.transpose(1, 2) : tensor;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
                                              const c10::optional<at::Tensor>& mask, c10::optional<double> scale,
-                                             bool is_causal) {
+                                             bool is_causal, bool transposed) {
+  auto query = heads_second(query_, transposed), key = heads_second(key_, transposed),
+       value = heads_second(value_, transposed);
   if (uses_flash(query, key, value, mask, scale, is_causal)) {
-    return at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal, mask, scale);
+    auto [output, logsumexp] =
+        at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal, mask, scale);
+    return {heads_second(output, transposed), logsumexp};
   }
   auto statistic_sizes = query.sizes().slice(0, query.dim() - 1);
-  return {at::scaled_dot_product_attention(query, key, value, mask, 0.0, is_causal, scale),
-          at::empty(statistic_sizes, query.options().dtype(at::kFloat))};
+  auto output = at::scaled_dot_product_attention(query, key, value, mask, 0.0, is_causal, scale);
+  return {heads_second(output, transposed), at::empty(statistic_sizes, query.options().dtype(at::kFloat))};
 }
 
 // torch's autograd engine refuses to run while its caller holds the GIL, which ORT's backward does.
@@ -164,13 +177,15 @@ class GilReleased {
 
 template <bool kQuery, bool kKey, bool kValue, bool kMask>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
-    const at::Tensor& grad, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    const c10::optional<at::Tensor>& mask, c10::optional<double> scale, bool is_causal, const at::Tensor& output,
-    const at::Tensor& logsumexp) {
+    const at::Tensor& grad_, const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
+    const c10::optional<at::Tensor>& mask, c10::optional<double> scale, bool is_causal, bool transposed,
+    const at::Tensor& output_, const at::Tensor& logsumexp) {
+  auto grad = heads_second(grad_, transposed), query = heads_second(query_, transposed),
+       key = heads_second(key_, transposed), value = heads_second(value_, transposed);
   at::Tensor grad_query, grad_key, grad_value, grad_mask;
   if (!kMask && uses_flash(query, key, value, mask, scale, is_causal)) {
     std::tie(grad_query, grad_key, grad_value) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        grad, query, key, value, output, logsumexp, 0.0, is_causal, mask, scale);
+        grad, query, key, value, heads_second(output_, transposed), logsumexp, 0.0, is_causal, mask, scale);
   } else {  // the math path (or a mask that needs a gradient): recomputed, differentiated by autograd
     c10::AutoGradMode grad_mode(true);
     std::vector<at::Tensor> inputs = {query.detach().requires_grad_(), key.detach().requires_grad_(),
@@ -189,10 +204,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     grad_value = grads[2];
     if (grads.size() > 3) grad_mask = grads[3];
   }
-  if (!kQuery) grad_query = at::Tensor();
-  if (!kKey) grad_key = at::Tensor();
-  if (!kValue) grad_value = at::Tensor();
+  grad_query = kQuery ? heads_second(grad_query, transposed) : at::Tensor();
+  grad_key = kKey ? heads_second(grad_key, transposed) : at::Tensor();
+  grad_value = kValue ? heads_second(grad_value, transposed) : at::Tensor();
   return {grad_query, grad_key, grad_value, grad_mask};
+}
+
+// matmul, either side possibly given as its transpose (last two dimensions swapped: `k` for
+// `q @ k.transpose(-2, -1)`), which becomes a view here instead of ORT's copy. Gradients come back
+// in the layout of the tensor given, summed over broadcast dimensions as autograd does.
+at::Tensor last_two_swapped(const at::Tensor& tensor, bool swapped) {
+  return swapped ? tensor.transpose(-2, -1) : tensor;
+}
+
+at::Tensor matmul(const at::Tensor& self, const at::Tensor& other, bool transpose_self, bool transpose_other) {
+  return at::matmul(last_two_swapped(self, transpose_self), last_two_swapped(other, transpose_other));
+}
+
+template <bool kSelf, bool kOther>
+std::tuple<at::Tensor, at::Tensor> matmul_backward(const at::Tensor& grad, const at::Tensor& self_,
+                                                   const at::Tensor& other_, bool transpose_self,
+                                                   bool transpose_other) {
+  auto self = last_two_swapped(self_, transpose_self), other = last_two_swapped(other_, transpose_other);
+  auto grad_t = grad.transpose(-2, -1);
+  at::Tensor grad_self, grad_other;
+  if (kSelf) {
+    grad_self = transpose_self ? at::matmul(other, grad_t) : at::matmul(grad, other.transpose(-2, -1));
+    grad_self = grad_self.sum_to_size(self_.sizes());
+  }
+  if (kOther) {
+    grad_other = transpose_other ? at::matmul(grad_t, self) : at::matmul(self.transpose(-2, -1), grad);
+    grad_other = grad_other.sum_to_size(other_.sizes());
+  }
+  return {grad_self, grad_other};
+}
+
+// softmax and masked_fill as eager autograd computes them (attention written out by hand)
+at::Tensor softmax(const at::Tensor& input, int64_t dim) { return at::_softmax(input, dim, false); }
+
+at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& output, int64_t dim) {
+  return at::_softmax_backward_data(grad, output, dim, output.scalar_type());
+}
+
+// ORT hands boolean tensors over as uint8 (DLPack); a view of the same bytes as bool
+at::Tensor as_bool(const at::Tensor& mask) { return mask.scalar_type() == at::kByte ? mask.view(at::kBool) : mask; }
+
+at::Tensor masked_fill(const at::Tensor& input, const at::Tensor& mask, const at::Tensor& value) {
+  return at::masked_fill(input, as_bool(mask), value);
+}
+
+at::Tensor masked_fill_backward(const at::Tensor& grad, const at::Tensor& mask) {
+  return grad.masked_fill(as_bool(mask), 0);
 }
 
 }  // namespace
@@ -260,17 +322,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   DEF(".value", false, false, true, false)          \
   DEF(".mask", false, false, false, true)
 
-#define ATTENTION "(Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, bool is_causal) -> (Tensor, Tensor)"
-#define ATTENTION_BACKWARD                                                                                  \
-  "(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, bool is_causal, "     \
-  "Tensor output, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)"
+#define ATTENTION                                                                                         \
+  "(Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, bool is_causal, bool transposed) " \
+  "-> (Tensor, Tensor)"
+#define ATTENTION_BACKWARD                                                                              \
+  "(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, bool is_causal, " \
+  "bool transposed, Tensor output, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)"
 #define DEFINE_ATTENTION_OVERLOAD(overload, query, key, value, mask) \
   m.def("attention" overload ATTENTION, &attention);                 \
   m.def("attention_backward" overload ATTENTION_BACKWARD, &attention_backward<query, key, value, mask>);
 
+// The same for matmul's two sides.
+#define MATMUL "(Tensor self, Tensor other, bool transpose_self, bool transpose_other) -> Tensor"
+#define MATMUL_BACKWARD \
+  "(Tensor grad, Tensor self, Tensor other, bool transpose_self, bool transpose_other) -> (Tensor, Tensor)"
+#define DEFINE_MATMUL_OVERLOAD(overload, self, other) \
+  m.def("matmul" overload MATMUL, &matmul);           \
+  m.def("matmul_backward" overload MATMUL_BACKWARD, &matmul_backward<self, other>);
+
 TORCH_LIBRARY(lightning_ort, m) {
   GRADIENT_OVERLOADS(DEFINE_OVERLOAD)
   ATTENTION_OVERLOADS(DEFINE_ATTENTION_OVERLOAD)
+  DEFINE_MATMUL_OVERLOAD("", true, true)
+  DEFINE_MATMUL_OVERLOAD(".self", true, false)
+  DEFINE_MATMUL_OVERLOAD(".other", false, true)
+  m.def("softmax(Tensor input, int dim) -> Tensor", &softmax);
+  m.def("softmax_backward(Tensor grad, Tensor output, int dim) -> Tensor", &softmax_backward);
+  m.def("masked_fill(Tensor input, Tensor mask, Tensor value) -> Tensor", &masked_fill);
+  m.def("masked_fill_backward(Tensor grad, Tensor mask) -> Tensor", &masked_fill_backward);
   m.def("gelu(Tensor input, bool tanh) -> Tensor", &gelu);
   m.def("gelu_backward(Tensor grad, Tensor input, bool tanh) -> Tensor", &gelu_backward);
   m.def("relu(Tensor input) -> Tensor", &relu);
