@@ -199,12 +199,13 @@ def _stream_suppression_without_file_descriptors() -> None:
 
 def install() -> None:
     """Install all hooks (called once by the loader)."""
-    from lightning_ort._compat import attention, batchnorm, conv_padding, detach, op_rewrites
+    from lightning_ort._compat import attention, batchnorm, conv_padding, detach, op_rewrites, split_gradients
 
     attention.register()
     batchnorm.register()
     conv_padding.register()
     detach.register()
+    split_gradients.register()
     op_rewrites.register_gradients()
     _wrap_export()
     _wrap_session_config()
