@@ -483,3 +483,28 @@ def test_spelled_out_attention_runs_torch_kernels_and_matches_eager(kind: str) -
         assert "Softmax" not in op_types
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class DetachedFeatures(Classifier):
+    """A head trained on detached features (stop-gradient, as in BYOL or a probe) beside the main
+    path: the head's linear layer and matmul must not compute a gradient for their input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.probe = nn.Linear(16, 3)
+        self.mix = nn.Parameter(torch.randn(16, 3) * 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(self.body(x))
+        probed = self.probe(features.detach()) + features.detach() @ self.mix
+        return probed.mean(1) + features.mean()
+
+
+def test_layers_on_detached_features_match_eager() -> None:
+    eager, ort, recorder = _fit_with_graph(DetachedFeatures, sequence_loader)
+    assert_ort_ran(ort, STEPS)
+    operators = {operator for op_type, operator in recorder.nodes if op_type == "ATen"}
+    assert {"lightning_ort::linear_bias", "lightning_ort::matmul", "detach_copy"} <= operators
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
