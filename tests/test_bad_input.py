@@ -156,3 +156,20 @@ def test_custom_autograd_without_a_compiler_stops_fit_before_any_step(
         monkeypatch.undo()
         _compat.custom_function_support(support)
     assert recorder.losses == [] and trainer.global_step == 0
+
+
+def test_custom_autograd_on_older_torch_is_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On torch < 2.13 the runner's backward failed (torch 2.11): such modules train in PyTorch, with
+    the reason, and asking for the support explicitly stops with the fix."""
+    support = _compat.custom_function_support_enabled()
+    monkeypatch.setattr(custom_function, "_unavailable_reason", None)
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cpu")
+    try:
+        assert custom_function.custom_function_support(None) is False
+        assert "needs torch >= 2.13 (installed: 2.11.0+cpu" in custom_function.support_off_reason()
+        with pytest.raises(ORTSetupError, match=re.escape("Fix: pip install 'torch>=2.13'")):
+            custom_function.custom_function_support(True)
+    finally:
+        monkeypatch.undo()
+        _compat.custom_function_support(support)
+    assert _compat.custom_function_support_enabled() == support

@@ -288,6 +288,7 @@ def custom_function_support(enabled: bool | None = None) -> bool:
         enabled = False  # the build failed earlier in this process; do not retry it for every module
     if enabled is not False:
         try:
+            _check_torch_version()
             _runner()
             _import_exporter_dependencies()
         except ORTSetupError as err:
@@ -301,6 +302,21 @@ def custom_function_support(enabled: bool | None = None) -> bool:
             enabled = True
     _custom_autograd_function.enable_custom_autograd_support(enabled)
     return bool(_custom_autograd_function.custom_autograd_function_enabler.state)
+
+
+# The runner's backward failed on torch 2.11 ("Trying to backward through the graph a second time",
+# seen on the 16-core machine); 2.13 is the version it is tested on.
+_MIN_TORCH = (2, 13)
+
+
+def _check_torch_version() -> None:
+    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if release < _MIN_TORCH:
+        raise ORTSetupError(
+            f"it needs torch >= {'.'.join(map(str, _MIN_TORCH))} (installed: {torch.__version__}; on torch 2.11 "
+            "the Functions' backward failed inside ORT). Fix: pip install 'torch>=2.13'; until then such modules "
+            "train in PyTorch"
+        )
 
 
 def custom_function_support_enabled() -> bool:
