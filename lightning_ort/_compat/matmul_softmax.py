@@ -17,20 +17,11 @@ import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9, symbolic_opset13
 
 from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
+from lightning_ort._compat.torch_kernels import ATEN, transpose_source
 
-ATEN = "org.pytorch.aten::ATen"
 _MATMUL = "lightning_ort::matmul"
 _SOFTMAX = "lightning_ort::softmax"
 _MASKED_FILL = "lightning_ort::masked_fill"
-
-
-def _last_two_swapped_source(tensor: Any, rank: int) -> Any:
-    """The tensor that ``tensor`` is the transpose of its last two dimensions of, or None."""
-    node = tensor.node()
-    swap = [*range(rank - 2), rank - 1, rank - 2]
-    if node.kind() != "onnx::Transpose" or not node.hasAttribute("perm") or getattr(node, "is")("perm") != swap:
-        return None
-    return node.input()
 
 
 def _matmul(g: Any, self: Any, other: Any) -> Any:
@@ -39,7 +30,7 @@ def _matmul(g: Any, self: Any, other: Any) -> Any:
         return symbolic_opset9.matmul(g, self, other)
     inputs, flags = [], []
     for tensor, rank in zip((self, other), ranks, strict=True):
-        source = _last_two_swapped_source(tensor, rank)
+        source = transpose_source(tensor, [*range(rank - 2), rank - 1, rank - 2])
         inputs.append(tensor if source is None else source)
         flags.append(g.op("Constant", value_t=torch.tensor(source is not None)))
     output = g.op(ATEN, *inputs, *flags, operator_s=_MATMUL)

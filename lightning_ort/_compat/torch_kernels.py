@@ -6,8 +6,9 @@ lightning_ort's operators (``csrc/aten_ops.cc``): torch's oneDNN/MKL kernels, th
 autograd makes, forward and backward. ORT's CPU kernels for them were 1.3-4x slower than torch's on
 this project's workloads (``benchmarks/NOTES.md``), and a mix is worse than either: after a torch
 kernel, torch's OpenMP threads keep spinning on the cores ORT's next kernel needs. So the heavy
-layers all run on torch's kernels, and ORT keeps the rest of the graph (attention's matmuls and
-softmax, element-wise arithmetic, reshapes), the graph's memory planning and its gradient graph.
+layers all run on torch's kernels (hand-written attention too: matmul_softmax.py), and ORT keeps
+the rest of the graph (element-wise arithmetic, reshapes), its memory planning and its gradient
+graph.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def _attention(
         scale = _none(g)
     elif not symbolic_helper._is_none(scale):  # ORT's executor reads float arguments as float32
         scale = g.op("Cast", scale, to_i=torch.onnx.TensorProtoDataType.FLOAT)
-    untransposed = [_heads_second_source(tensor) for tensor in (query, key, value)]
+    untransposed = [transpose_source(tensor, _SWAP_HEADS) for tensor in (query, key, value)]
     transposed = all(source is not None for source in untransposed)
     if transposed:
         query, key, value = untransposed
@@ -185,13 +186,14 @@ def _attention(
 _SWAP_HEADS = [0, 2, 1, 3]
 
 
-def _heads_second_source(tensor: Any) -> Any:
-    """The (batch, length, heads, dim) tensor that ``tensor`` is the transpose(1, 2) of, or None.
+def transpose_source(tensor: Any, perm: list[int]) -> Any:
+    """The tensor that ``tensor`` is an ONNX ``Transpose`` of by ``perm``, or None.
 
-    Attention usually gets its inputs as ``x.view(batch, length, heads, dim).transpose(1, 2)``; the
-    attention operator then takes ``x`` and the transpose becomes a view instead of ORT's copy."""
+    Attention usually gets its inputs as ``x.view(batch, length, heads, dim).transpose(1, 2)`` and a
+    matmul as ``k.transpose(-2, -1)``; the operator then takes ``x`` (``k``) and the transpose
+    becomes a view inside it instead of ORT's copy."""
     node = tensor.node()
-    if node.kind() != "onnx::Transpose" or not node.hasAttribute("perm") or getattr(node, "is")("perm") != _SWAP_HEADS:
+    if node.kind() != "onnx::Transpose" or not node.hasAttribute("perm") or getattr(node, "is")("perm") != perm:
         return None
     return node.input()
 
