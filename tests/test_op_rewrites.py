@@ -508,3 +508,27 @@ def test_layers_on_detached_features_match_eager() -> None:
     assert {"lightning_ort::linear_bias", "lightning_ort::matmul", "detach_copy"} <= operators
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class BroadcastMaskedFill(Classifier):
+    """``masked_fill`` whose mask is larger than the tensor filled: the result is broadcast and the
+    gradient must be summed back to the tensor's shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 16)
+        self.gate = nn.Linear(8, 1)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        gated = self.gate(x).masked_fill(h.detach() > 0, 0.5)  # [B, T, 1] filled by a [B, T, 16] mask
+        return self.head((h * gated).mean(1))
+
+
+def test_broadcast_masked_fill_sums_its_gradient_like_eager() -> None:
+    eager, ort, recorder = _fit_with_graph(BroadcastMaskedFill, sequence_loader)
+    assert_ort_ran(ort, STEPS)
+    assert "lightning_ort::masked_fill" in {operator for _, operator in recorder.nodes}
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -53,8 +53,12 @@ def _masked_fill(g: Any, self: Any, mask: Any, value: Any) -> Any:
     dtype = _type_utils.JitScalarType.from_value(self, _type_utils.JitScalarType.FLOAT).dtype()
     fill_value = g.op("Constant", value_t=fill.to(dtype))
     boolean = g.op("Cast", mask, to_i=torch.onnx.TensorProtoDataType.BOOL)
-    output = g.op(ATEN, self, boolean, fill_value, operator_s=_MASKED_FILL)
-    output.setType(self.type())
+    sizes = g.op("Shape", self)
+    output = g.op(ATEN, self, boolean, fill_value, sizes, operator_s=_MASKED_FILL)
+    rank = symbolic_helper._get_tensor_rank(self)
+    mask_rank = symbolic_helper._get_tensor_rank(mask)
+    ranks_known = rank is not None and mask_rank is not None
+    output.setType(self.type().with_sizes([None] * max(rank, mask_rank)) if ranks_known else self.type())
     return output
 
 
@@ -66,4 +70,4 @@ def register_gradients() -> None:
     register_gradient(_MATMUL, "lightning_ort::matmul_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"],
                       ["GI(0)", "GI(1)"])  # fmt: skip
     register_simple_gradient(_SOFTMAX, "lightning_ort::softmax_backward", ["GO(0)", "O(0)", "I(1)"])
-    register_simple_gradient(_MASKED_FILL, "lightning_ort::masked_fill_backward", ["GO(0)", "I(1)"])
+    register_simple_gradient(_MASKED_FILL, "lightning_ort::masked_fill_backward", ["GO(0)", "I(1)", "I(3)"])

@@ -249,12 +249,15 @@ at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& output, in
 // ORT hands boolean tensors over as uint8 (DLPack); a view of the same bytes as bool
 at::Tensor as_bool(const at::Tensor& mask) { return mask.scalar_type() == at::kByte ? mask.view(at::kBool) : mask; }
 
-at::Tensor masked_fill(const at::Tensor& input, const at::Tensor& mask, const at::Tensor& value) {
+// `input_sizes` (unused forward): masked_fill broadcasts `input` against `mask`, and the gradient is
+// summed back to the input's shape, as autograd's engine does
+at::Tensor masked_fill(const at::Tensor& input, const at::Tensor& mask, const at::Tensor& value,
+                       at::IntArrayRef input_sizes) {
   return at::masked_fill(input, as_bool(mask), value);
 }
 
-at::Tensor masked_fill_backward(const at::Tensor& grad, const at::Tensor& mask) {
-  return grad.masked_fill(as_bool(mask), 0);
+at::Tensor masked_fill_backward(const at::Tensor& grad, const at::Tensor& mask, at::IntArrayRef input_sizes) {
+  return grad.masked_fill(as_bool(mask), 0).sum_to_size(input_sizes);
 }
 
 }  // namespace
@@ -348,8 +351,8 @@ TORCH_LIBRARY(lightning_ort, m) {
   DEFINE_MATMUL_OVERLOAD(".other", false, true)
   m.def("softmax(Tensor input, int dim) -> Tensor", &softmax);
   m.def("softmax_backward(Tensor grad, Tensor output, int dim) -> Tensor", &softmax_backward);
-  m.def("masked_fill(Tensor input, Tensor mask, Tensor value) -> Tensor", &masked_fill);
-  m.def("masked_fill_backward(Tensor grad, Tensor mask) -> Tensor", &masked_fill_backward);
+  m.def("masked_fill(Tensor input, Tensor mask, Tensor value, int[] input_sizes) -> Tensor", &masked_fill);
+  m.def("masked_fill_backward(Tensor grad, Tensor mask, int[] input_sizes) -> Tensor", &masked_fill_backward);
   m.def("gelu(Tensor input, bool tanh) -> Tensor", &gelu);
   m.def("gelu_backward(Tensor grad, Tensor input, bool tanh) -> Tensor", &gelu_backward);
   m.def("relu(Tensor input) -> Tensor", &relu);
