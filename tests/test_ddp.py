@@ -200,7 +200,8 @@ trainer = L.Trainer(
 )
 trainer.fit(model, mlp_loader(batch_size=LOCAL_BATCH))
 trainer.validate(model, mlp_loader(batch_size=LOCAL_BATCH, n=64))
-print("rank", trainer.global_rank, "done")
+sys.stdout.write(f"rank {trainer.global_rank} done\\n")  # one write: the ranks share stdout
+sys.stdout.flush()
 """
 
 
