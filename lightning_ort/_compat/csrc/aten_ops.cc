@@ -1,7 +1,7 @@
 // torch kernels that ORT graphs run through ATen nodes (ORT's aten_op_executor), as operators of the
 // `lightning_ort` namespace: convolutions, linear layers, GELU, ReLU, LayerNorm, attention without
-// dropout, and the matmul, masked_fill and softmax of attention written out by hand
-// (torch_kernels.py), and BatchNorm (batchnorm.py).
+// dropout (torch_kernels.py), the matmul, masked_fill and softmax of attention written out by hand
+// (matmul_softmax.py), and BatchNorm (batchnorm.py).
 //
 // ORT's executor passes only tensors, ints, floats and bools (and lists of them), and ORT's gradient
 // graph cannot produce `convolution_backward`'s bias_sizes; these thin wrappers give torch's
