@@ -372,7 +372,9 @@ def test_bad_op_rewrites_value_is_refused() -> None:
 class AttentionNet(Classifier):
     """Attention without dropout in the forms users have: an encoder layer with a padding mask, a
     causal mask, cross-attention to a frozen memory, an explicit scale, a learned additive bias
-    (its mask needs a gradient), and heads that are no transpose of the input (a plain reshape)."""
+    (its mask needs a gradient), heads that are no transpose of the input (a plain reshape), a
+    sequence-first encoder layer (torch's default layout) and a decoder layer (causal self-attention,
+    cross-attention with a memory padding mask)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -382,11 +384,19 @@ class AttentionNet(Classifier):
         self.memory = nn.Embedding(40, 16).requires_grad_(False)
         self.cross = nn.MultiheadAttention(16, 2, batch_first=True)
         self.bias = nn.Parameter(torch.zeros(2, 7, 7))
+        self.sequence_first = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0)
+        self.decoder = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
         self.head = nn.Linear(16, 3)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
-        if self.kind == "padding":
+        if self.kind == "sequence-first":
+            x = self.sequence_first(x.transpose(0, 1), src_key_padding_mask=ids == 0).transpose(0, 1)
+        elif self.kind == "decoder":
+            mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+            memory = self.memory(ids.flip(1))
+            x = self.decoder(x, memory, tgt_mask=mask, tgt_is_causal=True, memory_key_padding_mask=ids.flip(1) == 0)
+        elif self.kind == "padding":
             x = self.layer(x, src_key_padding_mask=ids == 0)
         elif self.kind == "causal":
             mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
@@ -413,7 +423,10 @@ def padded_token_loader() -> DataLoader:
     return DataLoader(TensorDataset(ids, torch.randint(0, 3, (48,), generator=g)), 8)
 
 
-@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "scaled-causal", "learned-bias", "reshaped-heads"])
+@pytest.mark.parametrize(
+    "kind",
+    ["padding", "causal", "cross", "scaled-causal", "learned-bias", "reshaped-heads", "sequence-first", "decoder"],
+)
 def test_attention_runs_torch_kernels_and_matches_eager(kind: str) -> None:
     eager, ort, recorder = _fit_with_graph(lambda: AttentionNet(kind), padded_token_loader)
     assert_ort_ran(ort, STEPS)
@@ -421,9 +434,10 @@ def test_attention_runs_torch_kernels_and_matches_eager(kind: str) -> None:
     assert "lightning_ort::attention" in operators
     op_types = {op_type for op_type, _ in recorder.nodes}
     assert "Softmax" not in op_types
-    # the heads' transpose(1, 2) and nn.MultiheadAttention's batch_first transposes are views of
-    # the attention operator, not ORT copies
-    assert "Transpose" not in op_types
+    if kind != "sequence-first":  # there the model transposes its input and output itself
+        # the heads' transpose(1, 2) and nn.MultiheadAttention's batch_first transposes are views of
+        # the attention operator, not ORT copies
+        assert "Transpose" not in op_types
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
 

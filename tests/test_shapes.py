@@ -244,7 +244,8 @@ def test_varying_sequence_lengths() -> None:
 
 class AttentionTokenModel(Recording, Base):
     """Attention over sequences whose length changes every batch: an encoder layer with a padding
-    mask or a causal mask, cross-attention to a memory of another length, attention weights."""
+    mask or a causal mask, cross-attention to a memory of another length, attention weights, and a
+    sequence-first decoder layer (torch's default layout; causal self-attention and cross-attention)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -252,12 +253,18 @@ class AttentionTokenModel(Recording, Base):
         self.embed = nn.Embedding(50, 16)
         self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
         self.cross = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.decoder = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0)
         self.head = nn.Linear(16, 2)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = batch["ids"]
         x = self.embed(ids)
-        if self.kind == "padding":
+        if self.kind == "decoder":
+            mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+            memory = self.embed(ids[:, 1:]).transpose(0, 1)
+            x = self.decoder(x.transpose(0, 1), memory, tgt_mask=mask, memory_key_padding_mask=ids[:, 1:] == 0)
+            x = x.transpose(0, 1)
+        elif self.kind == "padding":
             x = self.layer(x, src_key_padding_mask=ids == 0)
         elif self.kind == "causal":
             mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
@@ -274,7 +281,7 @@ class AttentionTokenModel(Recording, Base):
         return F.cross_entropy(self.record("train", self(batch)), batch["y"])
 
 
-@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "weights"])
+@pytest.mark.parametrize("kind", ["padding", "causal", "cross", "weights", "decoder"])
 def test_attention_with_varying_sequence_lengths_trains_in_ort_like_eager(kind: str) -> None:
     """torch's exporter would freeze nn.MultiheadAttention's sequence length (benchmarks/NOTES.md);
     lightning_ort's export keeps it dynamic, so one graph serves every length."""
