@@ -45,10 +45,11 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         memory_optimizer_config: JSON file with a list of recompute plans (e.g. ``["BiasGelu+:1:-1"]``),
             applied at level 0.
         op_rewrites: export the ops ORT's CPU kernels run slowly in faster forms: convolutions, linear
-            layers, GELU, ReLU, LayerNorm and attention without dropout run torch's kernels inside the
-            ORT graph and constant-index ``select`` becomes ``Slice`` (see the docs' performance
-            page). ``None`` (default): on for models on the CPU, off on CUDA and when a memory
-            optimization is set (ORT cannot recompute torch's kernels). Same results as eager.
+            layers, GELU, ReLU, LayerNorm, attention without dropout and the matmul, masked_fill and
+            softmax of hand-written attention run torch's kernels inside the ORT graph, and
+            constant-index ``select`` becomes ``Slice`` (see the docs' performance page). ``None``
+            (default): on for models on the CPU, off on CUDA and when a memory optimization is set
+            (ORT cannot recompute torch's kernels). Same results as eager.
         export_cache: reuse the ONNX export of an identical model from an earlier run (saves 0.3-0.5 s
             of the first step), in ``$LIGHTNING_ORT_CACHE/exports``. The cache key covers the model's
             code, attributes, parameters and inputs; a ``forward`` that reads other state (environment
