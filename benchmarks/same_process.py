@@ -6,7 +6,8 @@ Separate processes (benchmarks/run.py) see the shared machine's noise differentl
 variant trains its own copy of the same model on the same batches, one step each in turn, so the
 noise falls on all of them alike. Speed is eager's median step time over the variant's (higher is
 faster). Variants: ``default`` (lightning_ort's defaults), ``no_rewrites`` (``op_rewrites=False``),
-``threads<N>`` (``intra_op_num_threads=N``, e.g. ``threads1``), ``spinning`` (``allow_spinning=True``; its spinning
+``threads<N>`` (``intra_op_num_threads=N``, e.g. ``threads1``), ``standard_memory``
+(``channels_last=False``), ``spinning`` (``allow_spinning=True``; its spinning
 threads also slow down whatever runs after it, eager included, so measure it alone).
 """
 
@@ -34,6 +35,7 @@ VARIANTS = {
     "default": {},
     "no_rewrites": {"op_rewrites": False},
     "spinning": {"allow_spinning": True},
+    "standard_memory": {"channels_last": False},
 }
 
 

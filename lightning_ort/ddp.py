@@ -50,6 +50,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimization_level: see :class:`~lightning_ort.ORTStrategy`.
         memory_optimizer_config: see :class:`~lightning_ort.ORTStrategy`.
         op_rewrites: see :class:`~lightning_ort.ORTStrategy`.
+        channels_last: see :class:`~lightning_ort.ORTStrategy`.
         export_cache: see :class:`~lightning_ort.ORTStrategy`.
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
@@ -73,6 +74,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
+        channels_last: bool = True,
         export_cache: bool = False,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
@@ -114,6 +116,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             memory_optimization_level=memory_optimization_level,
             memory_optimizer_config=memory_optimizer_config,
             op_rewrites=op_rewrites,
+            channels_last=channels_last,
             export_cache=export_cache,
         )
 

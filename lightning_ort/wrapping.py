@@ -63,6 +63,7 @@ class ORTStrategyMixin(Strategy):
         memory_optimization_level: int = 0,
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
+        channels_last: bool = True,
         export_cache: bool = False,
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
@@ -91,6 +92,8 @@ class ORTStrategyMixin(Strategy):
             raise TypeError(f"{name}(fused_optimizer={fused_optimizer!r}) must be True or False.")
         if op_rewrites is not None and not isinstance(op_rewrites, bool):
             raise TypeError(f"{name}(op_rewrites={op_rewrites!r}) must be True, False or None.")
+        if not isinstance(channels_last, bool):
+            raise TypeError(f"{name}(channels_last={channels_last!r}) must be True or False.")
         if not isinstance(export_cache, bool):
             raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
@@ -106,6 +109,7 @@ class ORTStrategyMixin(Strategy):
             memory_optimization_level=memory_optimization_level,
             memory_optimizer_config=memory_optimizer_config,
             op_rewrites=op_rewrites,
+            channels_last=channels_last,
             export_cache=export_cache,
         )
         if op_rewrites and self.runtime_options.memory_optimized:

@@ -58,9 +58,10 @@ def _aten_op_executor_source() -> Path:
     return source
 
 
-def _build_dir(name: str, source: Path) -> Path:
+def _build_dir(name: str, files: list[Path]) -> Path:
     key = hashlib.sha256()
-    key.update(source.read_bytes())
+    for file in files:
+        key.update(file.read_bytes())
     for part in (torch.__version__, _ort_version(), sys.version, sysconfig.get_platform()):
         key.update(part.encode())
     return cache_root() / "extensions" / f"{name}-{key.hexdigest()[:16]}"
@@ -92,9 +93,13 @@ def _load_shared_object(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def _build(name: str, source: Path, what: str, verbose: bool) -> tuple[Path, bool]:
-    """Compile ``source`` into ``<cache>/extensions/<name>-<key>/<name>.so`` unless it is there already."""
-    build_dir = _build_dir(name, source)
+def _build(
+    name: str, source: Path | list[Path], what: str, verbose: bool, headers: list[Path] | None = None
+) -> tuple[Path, bool]:
+    """Compile ``source`` (one file or several, which may include ``headers``) into
+    ``<cache>/extensions/<name>-<key>/<name>.so`` unless it is there already."""
+    sources = source if isinstance(source, list) else [source]
+    build_dir = _build_dir(name, sources + (headers or []))
     shared_object = build_dir / f"{name}.so"
     if shared_object.is_file():
         return shared_object, False
@@ -112,7 +117,7 @@ def _build(name: str, source: Path, what: str, verbose: bool) -> tuple[Path, boo
     try:
         load(
             name=name,
-            sources=[str(source)],
+            sources=[str(path) for path in sources],
             build_directory=str(build_dir),
             verbose=verbose,
             is_python_module=False,
@@ -181,9 +186,13 @@ ATEN_OPS = "lightning_ort_aten_ops"
 _aten_ops_path: Path | None = None
 
 
-def aten_ops_source() -> Path:
-    """lightning_ort's C++ source of the ``lightning_ort::*`` operators ORT graphs run (package data)."""
-    return Path(__file__).parent / "csrc" / "aten_ops.cc"
+def aten_ops_sources() -> list[Path]:
+    """lightning_ort's C++ sources of the ``lightning_ort::*`` operators ORT graphs run (package data)."""
+    return [Path(__file__).parent / "csrc" / name for name in ("aten_ops.cc", "channels_last_ops.cc")]
+
+
+def _aten_ops_headers() -> list[Path]:
+    return [Path(__file__).parent / "csrc" / "overloads.h"]
 
 
 def load_aten_ops(verbose: bool = False) -> Path:
@@ -191,8 +200,9 @@ def load_aten_ops(verbose: bool = False) -> Path:
     global _aten_ops_path
     if _aten_ops_path is not None:  # a process loads them once (torch cannot unload operators)
         return _aten_ops_path
-    source = _packaged(aten_ops_source())
-    shared_object, _ = _build(ATEN_OPS, source, "lightning_ort's operators", verbose)
+    sources = [_packaged(source) for source in aten_ops_sources()]
+    headers = [_packaged(header) for header in _aten_ops_headers()]
+    shared_object, _ = _build(ATEN_OPS, sources, "lightning_ort's operators", verbose, headers)
     if str(shared_object) not in torch.ops.loaded_libraries:
         try:
             torch.ops.load_library(str(shared_object))

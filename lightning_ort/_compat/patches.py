@@ -7,6 +7,7 @@ import functools
 import logging
 from typing import Any
 
+from lightning_ort._compat.channels_last import to_channels_last
 from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache
 from lightning_ort._compat.export_guard import guarded_export
@@ -23,6 +24,8 @@ PROFILE_PREFIX_ATTR = "_lightning_ort_profile_prefix"
 # Set on ORT's flattened module when its export should use op_rewrites.py's forms / the export cache.
 OP_REWRITES_ATTR = "_lightning_ort_op_rewrites"
 EXPORT_CACHE_ATTR = "_lightning_ort_export_cache"
+# Set on ORT's execution managers whose graphs should hold convolution activations channels-last.
+CHANNELS_LAST_ATTR = "_lightning_ort_channels_last"
 
 
 def _wrap_export() -> None:
@@ -67,6 +70,8 @@ def _prepare_graph_builder_input() -> None:
 
     @functools.wraps(original)
     def _initialize_graph_builder(self: Any, info: Any) -> Any:
+        if getattr(self, CHANNELS_LAST_ATTR, False):
+            to_channels_last(info._post_export_processed_model)
         choose_overloads(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
         sanitize_dim_names(info._post_export_processed_model)
         return original(self, info)
@@ -113,18 +118,21 @@ def _skip_gpu_allocator_without_cuda_provider() -> None:
     )
 
 
-def _tolerate_symbolic_shape_failures() -> None:
-    """ORT's Python symbolic shape inference asserts on some dynamic reshapes (nn.MultiheadAttention
-    with a padding mask). It only annotates shapes, which ORT can also do without it (the runtime
-    option ``run_symbolic_shape_infer=False``), so on failure the graph goes on unannotated."""
+def _symbolic_shapes_without_assumptions() -> None:
+    """ORT's symbolic shape inference, less the dimensions it only assumed equal (shape_inference.py),
+    and tolerating its failures: it asserts on some dynamic reshapes (nn.MultiheadAttention with a
+    padding mask). It only annotates shapes, which ORT can also do without it (the runtime option
+    ``run_symbolic_shape_infer=False``), so on failure the graph goes on unannotated."""
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager
+
+    from lightning_ort._compat.shape_inference import infer_shapes
 
     original = GraphTransitionManager.__dict__["_infer_shapes"].__func__
 
     @functools.wraps(original)
     def _infer_shapes(model: Any) -> Any:
         try:
-            return original(model)
+            return infer_shapes(model)
         except Exception:
             log.debug("ORT's symbolic shape inference failed; continuing without it", exc_info=True)
             return model
@@ -199,9 +207,18 @@ def _stream_suppression_without_file_descriptors() -> None:
 
 def install() -> None:
     """Install all hooks (called once by the loader)."""
-    from lightning_ort._compat import attention, batchnorm, conv_padding, detach, op_rewrites, split_gradients
+    from lightning_ort._compat import (
+        attention,
+        batchnorm,
+        channels_last,
+        conv_padding,
+        detach,
+        op_rewrites,
+        split_gradients,
+    )
 
     attention.register()
+    channels_last.register_gradients()
     batchnorm.register()
     conv_padding.register()
     detach.register()
@@ -210,7 +227,7 @@ def install() -> None:
     _wrap_export()
     _wrap_session_config()
     _prepare_graph_builder_input()
-    _tolerate_symbolic_shape_failures()
+    _symbolic_shapes_without_assumptions()
     _feature_table_at_info_level()
     _buffers_in_reprocess_check()
     _stream_suppression_without_file_descriptors()

@@ -13,6 +13,7 @@ import torch
 
 from lightning_ort._compat.loader import ortmodule_package
 from lightning_ort._compat.patches import (
+    CHANNELS_LAST_ATTR,
     EXPORT_CACHE_ATTR,
     INTRA_OP_THREADS_ATTR,
     OP_REWRITES_ATTR,
@@ -39,6 +40,8 @@ class ORTRuntimeOptions:
         op_rewrites: export the ops ORT's CPU kernels run slowly in faster forms (see
             ``op_rewrites.py``); ``None``: on for modules on the CPU, unless a memory optimization is
             set (ORT's recompute plans need ORT's own ops).
+        channels_last: with ``op_rewrites``, hold the activations of 2-D convolutions, BatchNorm and
+            pooling in channels-last memory inside ORT's graph (see ``channels_last.py``).
     """
 
     log_level: str = "WARNING"
@@ -48,6 +51,7 @@ class ORTRuntimeOptions:
     memory_optimization_level: int = 0
     memory_optimizer_config: str | None = None
     op_rewrites: bool | None = None
+    channels_last: bool = True
     profile_file_prefix: str | None = None
     export_cache: bool = False
 
@@ -113,6 +117,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         setattr(manager, SESSION_ENTRIES_ATTR, options.session_entries())
         setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
         setattr(manager, PROFILE_PREFIX_ATTR, options.profile_file_prefix)
+        setattr(manager, CHANNELS_LAST_ATTR, rewrites and options.channels_last)
     return ort_module
 
 
@@ -145,6 +150,15 @@ def exported_model(ort_module: torch.nn.Module, training: bool) -> onnx.ModelPro
     transitions = manager._graph_transition_manager
     info = getattr(transitions, "_exported_model_info", None) if transitions is not None else None
     return None if info is None else info.exported_model
+
+
+def processed_model(ort_module: torch.nn.Module, training: bool) -> onnx.ModelProto | None:
+    """The graph ORT differentiates (training) or runs (inference) for ``ort_module``: the export after
+    ORT's and lightning_ort's rewrites (channels-last layout, gradient overloads), if built yet."""
+    manager = _execution_managers(ort_module)[0 if training else 1]
+    transitions = manager._graph_transition_manager
+    info = getattr(transitions, "_post_export_processed_model_info", None) if transitions is not None else None
+    return None if info is None else info._post_export_processed_model
 
 
 def set_training_flag(ort_module: torch.nn.Module, graph: bool, module_training: bool) -> None:

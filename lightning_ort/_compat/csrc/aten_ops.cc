@@ -22,19 +22,12 @@
 
 #include <tuple>
 
+#include "overloads.h"
+
 namespace {
 
-using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-
-// Some kernels compute more than asked (oneDNN's convolution backward returns the weight's gradient
-// along with the bias's); ORT fails on a gradient it has no place for, so drop what was not asked.
-template <bool kInput, bool kWeight, bool kBias>
-Grads only_needed(Grads grads) {
-  if (!kInput) std::get<0>(grads) = at::Tensor();
-  if (!kWeight) std::get<1>(grads) = at::Tensor();
-  if (!kBias) std::get<2>(grads) = at::Tensor();
-  return grads;
-}
+using lightning_ort::Grads;
+using lightning_ort::only_needed;
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
@@ -262,32 +255,10 @@ at::Tensor masked_fill_backward(const at::Tensor& grad, const at::Tensor& mask, 
 
 }  // namespace
 
-// The overloads for each set of gradients a node needs (see the top of this file). A missing
-// bias (`convolution`) is simply not computed, whatever the overload says.
-#define GRADIENT_OVERLOADS(DEF)           \
-  DEF("", true, true, true)               \
-  DEF(".input_weight", true, true, false) \
-  DEF(".input_bias", true, false, true)   \
-  DEF(".weight_bias", false, true, true)  \
-  DEF(".input", true, false, false)       \
-  DEF(".weight", false, true, false)      \
-  DEF(".bias", false, false, true)
-
-#define LAYOUT "int[] stride, int[] padding, int[] dilation, bool transposed, int[] output_padding, int groups"
-#define CONVOLUTION "(Tensor input, Tensor weight, " LAYOUT ") -> Tensor"
-#define CONVOLUTION_BIAS "(Tensor input, Tensor weight, Tensor bias, " LAYOUT ") -> Tensor"
-#define CONVOLUTION_BACKWARD \
-  "(Tensor grad, Tensor input, Tensor weight, Tensor? bias, " LAYOUT ") -> (Tensor, Tensor, Tensor)"
 #define LINEAR "(Tensor input, Tensor weight) -> Tensor"
 #define LINEAR_BIAS "(Tensor input, Tensor weight, Tensor bias) -> Tensor"
 #define LINEAR_BACKWARD "(Tensor grad, Tensor input, Tensor weight, Tensor? bias) -> (Tensor, Tensor, Tensor)"
 #define LINEAR_BACKWARD_NO_BIAS "(Tensor grad, Tensor input, Tensor weight) -> (Tensor, Tensor)"
-#define BATCH_NORM                                                                                     \
-  "(Tensor input, Tensor weight, Tensor bias, Tensor running_mean, Tensor running_var, bool training, " \
-  "float momentum, float eps) -> (Tensor, Tensor, Tensor)"
-#define BATCH_NORM_BACKWARD                                                                   \
-  "(Tensor grad, Tensor input, Tensor weight, Tensor running_mean, Tensor running_var, "        \
-  "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)"
 #define LAYER_NORM \
   "(Tensor input, Tensor weight, Tensor bias, int[] normalized_shape, float eps) -> (Tensor, Tensor, Tensor)"
 #define LAYER_NORM_BACKWARD                                                                              \

@@ -1,0 +1,135 @@
+// Channels-last forms of the 2-D convolution network layers (channels_last.py): ORT holds their
+// activations as contiguous (N, H, W, C) tensors, which torch sees as (N, C, H, W) tensors in
+// channels-last memory, views either way. torch's CPU kernels for convolutions, BatchNorm and
+// pooling run faster in that memory (benchmarks/NOTES.md); they are the kernels eager autograd runs
+// for a model in `torch.channels_last`. Weights and their gradients keep torch's standard layout.
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "overloads.h"
+
+namespace {
+
+using lightning_ort::Grads;
+using lightning_ort::only_needed;
+
+// An (N, H, W, C) tensor of ORT's as torch's (N, C, H, W) in channels-last memory.
+at::Tensor nchw_view(const at::Tensor& nhwc) { return nhwc.permute({0, 3, 1, 2}); }
+
+// A kernel's (N, C, H, W) result as the contiguous (N, H, W, C) tensor ORT holds: no copy when the
+// kernel kept channels-last memory, as torch's do.
+at::Tensor nhwc(const at::Tensor& nchw) { return nchw.defined() ? nchw.permute({0, 2, 3, 1}).contiguous() : nchw; }
+
+at::Tensor standard(const at::Tensor& tensor) { return tensor.defined() ? tensor.contiguous() : tensor; }
+
+at::Tensor convolution_nhwc(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                            at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                            at::IntArrayRef output_padding, int64_t groups) {
+  return nhwc(at::convolution(nchw_view(input), weight, c10::nullopt, stride, padding, dilation, transposed,
+                              output_padding, groups));
+}
+
+at::Tensor convolution_bias_nhwc(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                                 at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                 bool transposed, at::IntArrayRef output_padding, int64_t groups) {
+  return nhwc(
+      at::convolution(nchw_view(input), weight, bias, stride, padding, dilation, transposed, output_padding, groups));
+}
+
+template <bool kInput, bool kWeight, bool kBias>
+Grads convolution_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                                at::IntArrayRef output_padding, int64_t groups) {
+  c10::optional<at::IntArrayRef> bias_sizes;
+  if (bias.has_value()) bias_sizes = bias->sizes();
+  auto [grad_input, grad_weight, grad_bias] = only_needed<kInput, kWeight, kBias>(
+      at::convolution_backward(nchw_view(grad), nchw_view(input), weight, bias_sizes, stride, padding, dilation,
+                               transposed, output_padding, groups, {kInput, kWeight, kBias && bias.has_value()}));
+  return {nhwc(grad_input), standard(grad_weight), grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_nhwc(const at::Tensor& input, const at::Tensor& weight,
+                                                               const at::Tensor& bias, const at::Tensor& running_mean,
+                                                               const at::Tensor& running_var, bool training,
+                                                               double momentum, double eps) {
+  auto [output, mean, invstd] =
+      at::native_batch_norm(nchw_view(input), weight, bias, running_mean, running_var, training, momentum, eps);
+  return {nhwc(output), mean, invstd};
+}
+
+template <bool kInput, bool kWeight, bool kBias>
+Grads batch_norm_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                               const at::Tensor& running_mean, const at::Tensor& running_var,
+                               const at::Tensor& save_mean, const at::Tensor& save_invstd, bool training, double eps) {
+  auto [grad_input, grad_weight, grad_bias] = only_needed<kInput, kWeight, kBias>(
+      at::native_batch_norm_backward(nchw_view(grad), nchw_view(input), weight, running_mean, running_var, save_mean,
+                                     save_invstd, training, eps, {kInput, kWeight, kBias}));
+  return {nhwc(grad_input), grad_weight, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool2d_nhwc(const at::Tensor& input, at::IntArrayRef kernel_size,
+                                                   at::IntArrayRef stride, at::IntArrayRef padding,
+                                                   at::IntArrayRef dilation, bool ceil_mode) {
+  auto [output, indices] =
+      at::max_pool2d_with_indices(nchw_view(input), kernel_size, stride, padding, dilation, ceil_mode);
+  return {nhwc(output), nhwc(indices)};
+}
+
+at::Tensor max_pool2d_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, at::IntArrayRef kernel_size,
+                                    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                    bool ceil_mode, const at::Tensor& indices) {
+  return nhwc(at::max_pool2d_with_indices_backward(nchw_view(grad), nchw_view(input), kernel_size, stride, padding,
+                                                   dilation, ceil_mode, nchw_view(indices)));
+}
+
+at::Tensor avg_pool2d_nhwc(const at::Tensor& input, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                           at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                           c10::optional<int64_t> divisor_override) {
+  return nhwc(
+      at::avg_pool2d(nchw_view(input), kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+}
+
+at::Tensor avg_pool2d_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, at::IntArrayRef kernel_size,
+                                    at::IntArrayRef stride, at::IntArrayRef padding, bool ceil_mode,
+                                    bool count_include_pad, c10::optional<int64_t> divisor_override) {
+  return nhwc(at::avg_pool2d_backward(nchw_view(grad), nchw_view(input), kernel_size, stride, padding, ceil_mode,
+                                      count_include_pad, divisor_override));
+}
+
+at::Tensor adaptive_avg_pool2d_nhwc(const at::Tensor& input, at::IntArrayRef output_size) {
+  return nhwc(at::_adaptive_avg_pool2d(nchw_view(input), output_size));
+}
+
+at::Tensor adaptive_avg_pool2d_nhwc_backward(const at::Tensor& grad, const at::Tensor& input) {
+  return nhwc(at::_adaptive_avg_pool2d_backward(nchw_view(grad), nchw_view(input)));
+}
+
+}  // namespace
+
+#define POOL "int[] kernel_size, int[] stride, int[] padding"
+#define AVG_POOL POOL ", bool ceil_mode, bool count_include_pad, int? divisor_override"
+
+#define DEFINE_NHWC_OVERLOAD(overload, input, weight, bias)                                                   \
+  m.def("convolution_nhwc" overload CONVOLUTION, &convolution_nhwc);                                         \
+  m.def("convolution_bias_nhwc" overload CONVOLUTION_BIAS, &convolution_bias_nhwc);                          \
+  m.def("convolution_nhwc_backward" overload CONVOLUTION_BACKWARD,                                           \
+        &convolution_nhwc_backward<input, weight, bias>);                                                    \
+  m.def("batch_norm_nhwc" overload BATCH_NORM, &batch_norm_nhwc);                                            \
+  m.def("batch_norm_nhwc_backward" overload BATCH_NORM_BACKWARD, &batch_norm_nhwc_backward<input, weight, bias>);
+
+TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
+  GRADIENT_OVERLOADS(DEFINE_NHWC_OVERLOAD)
+  m.def("max_pool2d_nhwc(Tensor input, " POOL ", int[] dilation, bool ceil_mode) -> (Tensor, Tensor)",
+        &max_pool2d_nhwc);
+  m.def("max_pool2d_nhwc_backward(Tensor grad, Tensor input, " POOL
+        ", int[] dilation, bool ceil_mode, Tensor indices) -> Tensor",
+        &max_pool2d_nhwc_backward);
+  m.def("avg_pool2d_nhwc(Tensor input, " AVG_POOL ") -> Tensor", &avg_pool2d_nhwc);
+  m.def("avg_pool2d_nhwc_backward(Tensor grad, Tensor input, " AVG_POOL ") -> Tensor", &avg_pool2d_nhwc_backward);
+  m.def("adaptive_avg_pool2d_nhwc(Tensor input, int[] output_size) -> Tensor", &adaptive_avg_pool2d_nhwc);
+  m.def("adaptive_avg_pool2d_nhwc_backward(Tensor grad, Tensor input) -> Tensor", &adaptive_avg_pool2d_nhwc_backward);
+}

@@ -1,0 +1,278 @@
+"""channels_last: 2-D convolution networks train in ORT on (N, H, W, C) activations.
+
+The reference is eager PyTorch on the same model in ``torch.channels_last`` memory, which runs the
+kernels ORT's graph then runs: the forward pass is equal to the bit, and training stays within float
+rounding (ORT's own element-wise kernels, and a gradient that reaches a layer in the other memory
+layout, round differently). Against eager in standard memory results differ by float rounding only;
+without ``channels_last`` they are equal to the bit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import lightning as L
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base
+from torch import nn
+from torch.utils.data import DataLoader
+
+import lightning_ort
+from lightning_ort import _compat
+from lightning_ort._compat.channels_last import to_channels_last
+
+STEPS = 6
+
+
+class ChannelsLastNet(Base):
+    """Takes its images in channels-last memory (eagerly; ORT's graph has no memory formats)."""
+
+    def __init__(self, body: nn.Module, features: int, memory_format: torch.memory_format) -> None:
+        super().__init__()
+        self.memory_format = memory_format
+        self.body = body.to(memory_format=memory_format)
+        self.head = nn.Linear(features, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.body(x.contiguous(memory_format=self.memory_format)), 1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+class Residual(nn.Module):
+    """A ResNet basic block with a squeeze-and-excitation gate: additions and a broadcast product."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels, momentum=0.3)
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(channels, channels, 1), nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(x + out * self.gate(out))
+
+
+def resnet_like() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        Residual(8),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 1, bias=False),
+        nn.GELU(),
+        nn.AvgPool2d(2),
+        nn.ConvTranspose2d(8, 8, 2, stride=2),
+        nn.LeakyReLU(0.1),
+        nn.AdaptiveAvgPool2d(2),
+    )
+
+
+def torch_kernels_only() -> nn.Module:
+    """Layers that all run torch's kernels inside ORT's graph."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=2, bias=False),
+        nn.BatchNorm2d(8, momentum=0.3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.AvgPool2d(2, stride=1),
+        nn.ConvTranspose2d(8, 8, 2, stride=2, bias=False),
+        nn.GELU(),
+        nn.AdaptiveAvgPool2d(2),
+    )
+
+
+def frozen_stem() -> nn.Module:
+    body = resnet_like()
+    body[0].requires_grad_(False)
+    body[1].requires_grad_(False)
+    return body
+
+
+def image_loader(sizes: tuple[int, ...] = (12,)) -> DataLoader:
+    """Batches of 8 images; with several sizes, batch i has images of sizes[i % len(sizes)]."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for i in range(8):
+        size = sizes[i % len(sizes)]
+        batches.append((torch.randn(8, 3, size, size, generator=g), torch.randint(0, 4, (8,), generator=g)))
+    return DataLoader(batches, batch_size=None)
+
+
+class Recorder(L.Callback):
+    """The graph ORT differentiated for the LightningModule's forward, by operator, and every image size
+    trained on while that graph stayed the same export."""
+
+    def __init__(self) -> None:
+        self.operators: Counter[str] = Counter()
+        self.exports: list[onnx.ModelProto] = []
+        self.sizes: set[tuple[int, ...]] = set()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(trainer.strategy, lightning_ort.ORTStrategy):
+            return
+        ort_module = trainer.strategy.ort_modules["forward"]
+        if not self.operators:
+            model = _compat.processed_model(ort_module, training=True)
+            self.operators = Counter(_operator(node) or node.op_type for node in model.graph.node)
+        export = _compat.exported_model(ort_module, training=True)
+        if not any(export is seen for seen in self.exports):
+            self.exports.append(export)
+        self.sizes.add(tuple(batch[0].shape[2:]))
+
+
+def _operator(node: onnx.NodeProto) -> str:
+    return next((attribute.s.decode() for attribute in node.attribute if attribute.name == "operator"), "")
+
+
+def _fit(
+    make_body: Any, memory_format: torch.memory_format, loader: Any = image_loader, **strategy: Any
+) -> tuple[Any, Any, Recorder]:
+    recorder = Recorder()
+
+    def make_model() -> ChannelsLastNet:
+        return ChannelsLastNet(make_body(), 8 * 2 * 2, memory_format)
+
+    eager, ort = fit_both(
+        make_model,
+        loader,
+        STEPS,
+        strategy=lightning_ort.ORTStrategy(**strategy),
+        callbacks=[recorder],
+        val=loader(),
+        val_check_interval=3,
+    )
+    assert_ort_ran(ort, STEPS)
+    return eager, ort, recorder
+
+
+@pytest.mark.parametrize(
+    "make_body", [torch_kernels_only, resnet_like, frozen_stem], ids=["torch-kernels", "resnet-like", "frozen-stem"]
+)
+def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any) -> None:
+    eager, ort, recorder = _fit(make_body, torch.channels_last)
+    assert eager.losses[0] == ort.losses[0]
+    assert_losses_match(eager, ort, rtol=1e-6)
+    assert_states_match(eager, ort, atol=1e-6, rtol=1e-5)
+    operators = recorder.operators
+    for layer in ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]:
+        assert operators[f"lightning_ort::{layer}_nhwc"] >= 1, layer
+    assert operators["lightning_ort::convolution"] == operators["lightning_ort::batch_norm"] == 0
+    # into the layout at the input, back to the standard one before flatten: nothing in between
+    assert operators["Transpose"] == 2
+    # into the layout at the input, back to the standard one before flatten: nothing in between
+    assert operators["Transpose"] == 2
+
+
+def test_channels_last_follows_varying_image_sizes() -> None:
+    eager, ort, recorder = _fit(resnet_like, torch.channels_last, lambda: image_loader((12, 8, 16)))
+    assert_losses_match(eager, ort, rtol=1e-6)
+    assert_states_match(eager, ort, atol=1e-6, rtol=1e-5)
+    assert recorder.sizes == {(12, 12), (8, 8), (16, 16)} and len(recorder.exports) == 1
+
+
+def test_standard_memory_matches_eager_at_float_tolerance_and_exactly_without_channels_last() -> None:
+    eager, ort, recorder = _fit(resnet_like, torch.contiguous_format)
+    assert recorder.operators["lightning_ort::convolution_nhwc"] == 3
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    eager, ort, recorder = _fit(torch_kernels_only, torch.contiguous_format, channels_last=False)
+    operators = recorder.operators
+    assert operators["lightning_ort::convolution"] == 2 and operators["Transpose"] == 0
+    assert_losses_match(eager, ort, rtol=0)
+    assert_states_match(eager, ort, atol=0, rtol=0)
+
+
+class LeavesTheLayout(Base):
+    """Feature maps that leave the channels-last region: a per-column bias (broadcast over the width, which
+    the region cannot hold), a graph output and a tensor read twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.column_bias = nn.Parameter(torch.linspace(-1, 1, 12))
+        self.conv2 = nn.Conv2d(6, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 6 * 6, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = F.relu(self.bn(self.conv(x)))
+        shifted = features + self.column_bias
+        out = F.max_pool2d(self.conv2(shifted) + features[:, :4], 2)
+        return self.head(out.flatten(1)), features
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logits, features = self(batch[0])
+        return F.cross_entropy(logits, batch[1]) + features.square().mean()
+
+
+def test_tensors_leaving_the_layout_match_eager() -> None:
+    eager, ort = fit_both(LeavesTheLayout, image_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def _conv_relu_graph(bias_shape: list[int]) -> onnx.ModelProto:
+    helper = onnx.helper
+    conv = helper.make_node("ATen", ["x", "w"], ["y"], domain="org.pytorch.aten", operator="lightning_ort::convolution")
+    nodes = [conv, helper.make_node("Relu", ["y"], ["r"]), helper.make_node("Add", ["r", "b"], ["out"])]
+    float_type = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", float_type, ["batch", 3, 8, 8]),
+            helper.make_tensor_value_info("w", float_type, [4, 3, 3, 3]),
+            helper.make_tensor_value_info("b", float_type, bias_shape),
+        ],
+        [helper.make_tensor_value_info("out", float_type, None)],
+        value_info=[
+            helper.make_tensor_value_info("y", float_type, ["batch", 4, 6, 6]),
+            helper.make_tensor_value_info("r", float_type, ["batch", 4, 6, 6]),
+        ],
+    )
+    return helper.make_model(graph)
+
+
+@pytest.mark.parametrize(
+    ("bias_shape", "adds_in_nhwc"), [([1], True), ([1, 4, 1, 1], True), ([6], False)], ids=["scalar", "4d", "row"]
+)
+def test_rewrite_keeps_broadcasting_meaning_and_is_idempotent(bias_shape: list[int], adds_in_nhwc: bool) -> None:
+    model = _conv_relu_graph(bias_shape)
+    assert to_channels_last(model) == 1
+    nodes = [(node.op_type, list(node.input), list(node.output)) for node in model.graph.node]
+    add = next(node for node in nodes if node[0] == "Add")
+    # an [N, C, 1, 1] operand is transposed with the feature map; a [W] one makes the map go back first
+    assert add[1][0].endswith("_nhwc") is adds_in_nhwc
+    assert add[1][1].endswith("_nhwc") is (adds_in_nhwc and len(bias_shape) == 4)
+    assert add[2] == ["out_nhwc"] if adds_in_nhwc else add[2] == ["out"]
+    shapes = {info.name: [d.dim_param or d.dim_value for d in info.type.tensor_type.shape.dim] for info in
+              model.graph.value_info}  # fmt: skip
+    assert shapes["y_nhwc"] == ["batch", 6, 6, 4] and "y" not in shapes
+    assert model.graph.node[-1].output == ["out"]  # graph outputs keep their name and layout
+    again = onnx.ModelProto()
+    again.CopyFrom(model)
+    assert to_channels_last(again) == 0 and again == model
+
+
+def test_channels_last_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"ORTStrategy\(channels_last='yes'\) must be True or False"):
+        lightning_ort.ORTStrategy(channels_last="yes")  # type: ignore[arg-type]
