@@ -97,6 +97,21 @@ def torch_kernels_only() -> nn.Module:
     )
 
 
+class TinyUNet(nn.Module):
+    """A U-Net level: a skip connection concatenated (channels) with the upsampled deeper features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.deeper = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.merge = nn.Sequential(nn.Conv2d(24, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = self.down(x)
+        return self.merge(torch.cat([self.up(self.deeper(skip)), skip], dim=1))
+
+
 def frozen_stem() -> nn.Module:
     body = resnet_like()
     body[0].requires_grad_(False)
@@ -163,16 +178,22 @@ def _fit(
     return eager, ort, recorder
 
 
+CNN_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
+UNET_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "upsample_nearest2d"]
+
+
 @pytest.mark.parametrize(
-    "make_body", [torch_kernels_only, resnet_like, frozen_stem], ids=["torch-kernels", "resnet-like", "frozen-stem"]
+    ("make_body", "layers"),
+    [(torch_kernels_only, CNN_LAYERS), (resnet_like, CNN_LAYERS), (frozen_stem, CNN_LAYERS), (TinyUNet, UNET_LAYERS)],
+    ids=["torch-kernels", "resnet-like", "frozen-stem", "u-net"],
 )
-def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any) -> None:
+def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any, layers: list[str]) -> None:
     eager, ort, recorder = _fit(make_body, torch.channels_last)
     assert eager.losses[0] == ort.losses[0]
     assert_losses_match(eager, ort, rtol=1e-6)
     assert_states_match(eager, ort, atol=1e-6, rtol=1e-5)
     operators = recorder.operators
-    for layer in ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]:
+    for layer in layers:
         assert operators[f"lightning_ort::{layer}_nhwc"] >= 1, layer
     assert operators["lightning_ort::convolution"] == operators["lightning_ort::batch_norm"] == 0
     # into the layout at the input, back to the standard one before flatten: nothing in between
@@ -181,8 +202,9 @@ def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any)
     assert operators["Transpose"] == 2
 
 
-def test_channels_last_follows_varying_image_sizes() -> None:
-    eager, ort, recorder = _fit(resnet_like, torch.channels_last, lambda: image_loader((12, 8, 16)))
+@pytest.mark.parametrize("make_body", [resnet_like, TinyUNet], ids=["resnet-like", "u-net"])
+def test_channels_last_follows_varying_image_sizes(make_body: Any) -> None:
+    eager, ort, recorder = _fit(make_body, torch.channels_last, lambda: image_loader((12, 8, 16)))
     assert_losses_match(eager, ort, rtol=1e-6)
     assert_states_match(eager, ort, atol=1e-6, rtol=1e-5)
     assert recorder.sizes == {(12, 12), (8, 8), (16, 16)} and len(recorder.exports) == 1

@@ -65,8 +65,14 @@ def register() -> None:
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
     CustomOpSymbolicRegistry.register("batch_norm", "", batch_norm_symbolic)
+    register_batch_norm_gradient()
+
+
+def register_batch_norm_gradient(layout: str = "") -> None:
+    """The gradient of ``lightning_ort::batch_norm<layout>`` (``"_nhwc"``: the channels-last form of
+    channels_last.py)."""
     inputs = ["GO(0)", "I(0)", "I(1)", "I(3)", "I(4)", "O(1)", "O(2)", "I(5)", "I(7)"]
-    register_gradient(_BATCH_NORM, "lightning_ort::batch_norm_backward", inputs, ["GI(0)", "GI(1)", "GI(2)"])
+    register_gradient(f"{_BATCH_NORM}{layout}", f"{_BATCH_NORM}{layout}_backward", inputs, ["GI(0)", "GI(1)", "GI(2)"])
 
 
 def batch_counters(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:

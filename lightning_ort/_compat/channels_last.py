@@ -5,11 +5,12 @@ torch's CPU kernels for convolutions, BatchNorm and pooling run 1.1-5x faster on
 tensors have no strides: a graph holds whatever shape it is given, contiguously. So after the export,
 :func:`to_channels_last` rewrites the forward graph (ORT differentiates the result):
 
-- the 2-D convolutions, BatchNorms and poolings that run torch's kernels take and return (N, H, W, C)
-  tensors (the ``*_nhwc`` operators of ``csrc/channels_last_ops.cc``, which see them as channels-last
-  (N, C, H, W) views);
+- the 2-D convolutions, BatchNorms, poolings and nearest-neighbour upsamplings that run torch's
+  kernels take and return (N, H, W, C) tensors (the ``*_nhwc`` operators of
+  ``csrc/channels_last_ops.cc``, which see them as channels-last (N, C, H, W) views);
 - element-wise nodes between them (activations, residual additions, dropout) work on those tensors
-  as they are, since the same permutation of both operands keeps broadcasting's meaning;
+  as they are, since the same permutation of both operands keeps broadcasting's meaning, and
+  concatenations (of channels, as in U-Nets) take the permuted axis;
 - a ``Transpose`` converts where a tensor enters this region, and converts back where it leaves
   (a ``Flatten``, a ``Reshape``, a graph output).
 
@@ -22,7 +23,9 @@ from collections.abc import Iterable
 
 import onnx
 
-from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, register_gradient, register_simple_gradient
+from lightning_ort._compat.batchnorm import register_batch_norm_gradient
+from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, register_simple_gradient
+from lightning_ort._compat.torch_kernels import register_convolution_gradients
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
@@ -34,6 +37,7 @@ NHWC_FORMS = {
     "max_pool2d_with_indices": ("lightning_ort::max_pool2d_nhwc", (0, 1)),  # ORT's symbolic
     "avg_pool2d": ("lightning_ort::avg_pool2d_nhwc", (0,)),  # ORT's symbolic
     "_adaptive_avg_pool2d": ("lightning_ort::adaptive_avg_pool2d_nhwc", (0,)),  # ORT's symbolic
+    "upsample_nearest2d": ("lightning_ort::upsample_nearest2d_nhwc", (0,)),  # ORT's symbolic (overload "vec")
 }
 # Nodes whose every output is computed element by element from their inputs (with broadcasting)
 ELEMENTWISE = {
@@ -42,6 +46,8 @@ ELEMENTWISE = {
     "Tanh", "Where",
 }  # fmt: skip
 ELEMENTWISE_OPERATORS = {"lightning_ort::relu", "lightning_ort::gelu"}
+# the overload of torch's operator that ORT's symbolic emits, where not the plain one
+_TORCH_OVERLOADS = {"upsample_nearest2d": "vec"}
 
 
 def to_channels_last(model: onnx.ModelProto) -> int:
@@ -93,6 +99,12 @@ class _Rewrite:
             node.input[0] = self._nhwc_name(node.input[0])
             self._hold_outputs(node, outputs)
             self.converted += 1
+        elif _is_concat(node) and self._all_in_nhwc(node):
+            for index, name in enumerate(node.input):
+                node.input[index] = self._nhwc_name(name)
+            axis = next(attribute for attribute in node.attribute if attribute.name == "axis")
+            axis.i = TO_NHWC.index(axis.i % 4)
+            self._hold_outputs(node, [0])
         elif _is_elementwise(node) and self._elementwise_in_nhwc(node):
             for index, name in enumerate(node.input):
                 if name in self.nhwc or (name and self._rank(name) == 4 and not self._all_ones(name)):
@@ -136,6 +148,12 @@ class _Rewrite:
         inputs = [name for name in node.input if name]
         return any(name in self.nhwc for name in inputs) and all(
             name in self.nhwc or self._rank(name) == 4 or self._all_ones(name) for name in inputs
+        )
+
+    def _all_in_nhwc(self, node: onnx.NodeProto) -> bool:
+        """Whether one of ``node``'s inputs is (N, H, W, C) and all are 4-D (a concatenation)."""
+        return any(name in self.nhwc for name in node.input) and all(
+            name in self.nhwc or self._rank(name) == 4 for name in node.input
         )
 
     def _hold_outputs(self, node: onnx.NodeProto, indices: Iterable[int]) -> None:
@@ -199,7 +217,7 @@ def _nhwc_form(node: onnx.NodeProto) -> tuple[str, tuple[int, ...]] | None:
     if operator is None:
         return None
     overload = next((a.s.decode() for a in node.attribute if a.name == "overload_name"), "")
-    if not operator.startswith("lightning_ort::") and overload:
+    if not operator.startswith("lightning_ort::") and overload != _TORCH_OVERLOADS.get(operator, ""):
         return None  # another overload of one of torch's operators
     return NHWC_FORMS.get(operator)
 
@@ -210,24 +228,24 @@ def _is_elementwise(node: onnx.NodeProto) -> bool:
     return _aten_operator(node) in ELEMENTWISE_OPERATORS
 
 
+def _is_concat(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type == "Concat"
+
+
 def _set_operator(node: onnx.NodeProto, operator: str) -> None:
-    for attribute in node.attribute:
+    """Make ``node`` run ``operator`` (whose gradient overloads, if any, are chosen later)."""
+    attributes = [attribute for attribute in node.attribute if attribute.name != "overload_name"]
+    for attribute in attributes:
         if attribute.name == "operator":
             attribute.s = operator.encode()
+    del node.attribute[:]
+    node.attribute.extend(attributes)
 
 
 def register_gradients() -> None:
     """Give ORT's gradient builder the gradients of the channels-last forms (process-wide)."""
-    grads = ["GI(0)", "GI(1)", "GI(2)"]
-    backward = "lightning_ort::convolution_nhwc_backward"
-    layout = [f"I({i})" for i in range(2, 8)]
-    register_gradient("lightning_ort::convolution_nhwc", backward, ["GO(0)", "I(0)", "I(1)", "", *layout],
-                      [*grads[:2], ""])  # fmt: skip
-    layout = [f"I({i})" for i in range(3, 9)]
-    register_gradient("lightning_ort::convolution_bias_nhwc", backward, ["GO(0)", "I(0)", "I(1)", "I(2)", *layout],
-                      grads)  # fmt: skip
-    inputs = ["GO(0)", "I(0)", "I(1)", "I(3)", "I(4)", "O(1)", "O(2)", "I(5)", "I(7)"]
-    register_gradient("lightning_ort::batch_norm_nhwc", "lightning_ort::batch_norm_nhwc_backward", inputs, grads)
+    register_convolution_gradients("_nhwc")
+    register_batch_norm_gradient("_nhwc")
     pool = [f"I({i})" for i in range(6)]
     register_simple_gradient("lightning_ort::max_pool2d_nhwc", "lightning_ort::max_pool2d_nhwc_backward",
                              ["GO(0)", *pool, "O(1)"])  # fmt: skip
@@ -235,3 +253,5 @@ def register_gradients() -> None:
                              ["GO(0)", *[f"I({i})" for i in range(7)]])  # fmt: skip
     register_simple_gradient("lightning_ort::adaptive_avg_pool2d_nhwc",
                              "lightning_ort::adaptive_avg_pool2d_nhwc_backward", ["GO(0)", "I(0)"])  # fmt: skip
+    register_simple_gradient("lightning_ort::upsample_nearest2d_nhwc",
+                             "lightning_ort::upsample_nearest2d_nhwc_backward", ["GO(0)", "I(0)", "I(2)"])  # fmt: skip

@@ -209,15 +209,22 @@ SYMBOLICS = {
 }
 
 
+def register_convolution_gradients(layout: str = "") -> None:
+    """The gradients of ``lightning_ort::convolution<layout>`` and ``convolution_bias<layout>``
+    (``layout``: ``"_nhwc"`` for the channels-last forms of channels_last.py)."""
+    grads = ["GI(0)", "GI(1)", "GI(2)"]
+    backward = f"lightning_ort::convolution{layout}_backward"
+    arguments = [f"I({i})" for i in range(2, 8)]
+    register_gradient(f"{_CONVOLUTION}{layout}", backward, ["GO(0)", "I(0)", "I(1)", "", *arguments], [*grads[:2], ""])
+    arguments = [f"I({i})" for i in range(3, 9)]
+    register_gradient(f"{_CONVOLUTION_BIAS}{layout}", backward, ["GO(0)", "I(0)", "I(1)", "I(2)", *arguments], grads)
+
+
 def register_gradients() -> None:
     """Give ORT's gradient builder the gradients of the operators above (process-wide; unused
     without the rewrites)."""
+    register_convolution_gradients()
     grads = ["GI(0)", "GI(1)", "GI(2)"]
-    layout = [f"I({i})" for i in range(2, 8)]
-    backward = "lightning_ort::convolution_backward"
-    register_gradient(_CONVOLUTION, backward, ["GO(0)", "I(0)", "I(1)", "", *layout], [*grads[:2], ""])
-    layout = [f"I({i})" for i in range(3, 9)]
-    register_gradient(_CONVOLUTION_BIAS, backward, ["GO(0)", "I(0)", "I(1)", "I(2)", *layout], grads)
     register_gradient(_LINEAR, "lightning_ort::linear_backward_no_bias", ["GO(0)", "I(0)", "I(1)"], grads[:2])
     register_gradient(_LINEAR_BIAS, "lightning_ort::linear_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"], grads)
     inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "O(1)", "O(2)"]

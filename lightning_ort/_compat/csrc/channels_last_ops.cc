@@ -108,6 +108,25 @@ at::Tensor adaptive_avg_pool2d_nhwc_backward(const at::Tensor& grad, const at::T
   return nhwc(at::_adaptive_avg_pool2d_backward(nchw_view(grad), nchw_view(input)));
 }
 
+// nearest-neighbour upsampling (nn.Upsample, F.interpolate): `scale_factors` as the export gives them
+at::Tensor upsample_nearest2d_nhwc(const at::Tensor& input, at::OptionalIntArrayRef output_size,
+                                   c10::optional<at::ArrayRef<double>> scale_factors) {
+  return nhwc(at::upsample_nearest2d(nchw_view(input), output_size, scale_factors));
+}
+
+// the gradient with the scales eager autograd keeps, sizes read from the tensors
+at::Tensor upsample_nearest2d_nhwc_backward(const at::Tensor& grad, const at::Tensor& input,
+                                            c10::optional<at::ArrayRef<double>> scale_factors) {
+  c10::optional<double> scale_h, scale_w;
+  if (scale_factors.has_value()) {
+    scale_h = (*scale_factors)[0];
+    scale_w = (*scale_factors)[1];
+  }
+  auto grad_nchw = nchw_view(grad);
+  return nhwc(at::upsample_nearest2d_backward(grad_nchw, {grad_nchw.size(2), grad_nchw.size(3)},
+                                              nchw_view(input).sizes(), scale_h, scale_w));
+}
+
 }  // namespace
 
 #define POOL "int[] kernel_size, int[] stride, int[] padding"
@@ -132,4 +151,8 @@ TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   m.def("avg_pool2d_nhwc_backward(Tensor grad, Tensor input, " AVG_POOL ") -> Tensor", &avg_pool2d_nhwc_backward);
   m.def("adaptive_avg_pool2d_nhwc(Tensor input, int[] output_size) -> Tensor", &adaptive_avg_pool2d_nhwc);
   m.def("adaptive_avg_pool2d_nhwc_backward(Tensor grad, Tensor input) -> Tensor", &adaptive_avg_pool2d_nhwc_backward);
+  m.def("upsample_nearest2d_nhwc(Tensor input, int[]? output_size, float[]? scale_factors) -> Tensor",
+        &upsample_nearest2d_nhwc);
+  m.def("upsample_nearest2d_nhwc_backward(Tensor grad, Tensor input, float[]? scale_factors) -> Tensor",
+        &upsample_nearest2d_nhwc_backward);
 }
