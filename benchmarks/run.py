@@ -158,7 +158,7 @@ def _chart(summary: dict[str, Any], modes: list[str], path: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=("tiny", "full"), default="full")
-    parser.add_argument("--workloads", default="gpt,gpt_padded,encoder,cnn,mlp")
+    parser.add_argument("--workloads", default="gpt,gpt_padded,encoder,cnn,unet,mlp")
     parser.add_argument("--modes", default="eager,ort,ort_no_rewrites,raw_ort,compile")
     parser.add_argument("--steps", type=int, default=15, help="measured steps per run (after warm-up)")
     parser.add_argument("--warmup", type=int, default=5)

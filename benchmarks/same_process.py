@@ -1,6 +1,6 @@
 """Eager PyTorch against ORTModule variants in one process, alternating step by step.
 
-    python benchmarks/same_process.py --workloads gpt,encoder,cnn,mlp --variants default,no_rewrites,threads1
+    python benchmarks/same_process.py --workloads gpt,encoder,cnn,unet,mlp --variants default,no_rewrites,threads1
 
 Separate processes (benchmarks/run.py) see the shared machine's noise differently; here every
 variant trains its own copy of the same model on the same batches, one step each in turn, so the
@@ -79,7 +79,7 @@ def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="gpt,encoder,cnn,mlp")
+    parser.add_argument("--workloads", default="gpt,encoder,cnn,unet,mlp")
     parser.add_argument("--variants", default="default,no_rewrites")
     parser.add_argument("--size", choices=("tiny", "full"), default="full")
     parser.add_argument("--steps", type=int, default=12)

@@ -139,6 +139,41 @@ def _cnn(scale: int) -> Workload:
     )
 
 
+class UNet(nn.Module):
+    """A two-level U-Net for per-pixel classification: skip connections concatenated with upsampled features."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Module:
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+        c = channels
+        self.down1, self.down2, self.bottom = block(3, c), block(c, 2 * c), block(2 * c, 4 * c)
+        self.up2, self.up1 = block(6 * c, 2 * c), block(3 * c, c)
+        self.out = nn.Conv2d(c, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip1 = self.down1(x)
+        skip2 = self.down2(F.max_pool2d(skip1, 2))
+        bottom = self.bottom(F.max_pool2d(skip2, 2))
+        up2 = self.up2(torch.cat([F.interpolate(bottom, scale_factor=2.0), skip2], 1))
+        return self.out(self.up1(torch.cat([F.interpolate(up2, scale_factor=2.0), skip1], 1)))
+
+
+def _unet(batch: int, size: int, channels: int) -> Workload:
+    def make_batch(g: torch.Generator) -> Batch:
+        return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 2, (batch, size, size), generator=g)
+
+    return Workload(
+        "unet",
+        lambda: UNet(channels),
+        make_batch,
+        F.cross_entropy,
+        lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    )
+
+
 def _mlp(scale: int) -> Workload:
     batch, width = 128 * scale, 1024
 
@@ -167,6 +202,7 @@ def workloads(size: str) -> dict[str, Workload]:
             _gpt("gpt_padded", 512, 32, 1, 16, 2, 0.5),
             _encoder(1),
             _cnn(1),
+            _unet(2, 16, 4),
             _mlp(1),
         ]
     elif size == "full":
@@ -175,6 +211,7 @@ def workloads(size: str) -> dict[str, Workload]:
             _gpt("gpt_padded", 8000, 256, 4, 128, 8, 0.48),
             _encoder(2),
             _cnn(2),
+            _unet(8, 64, 32),
             _mlp(4),
         ]
     else:
