@@ -49,13 +49,14 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             softmax of hand-written attention run torch's kernels inside the ORT graph, and
             constant-index ``select`` becomes ``Slice`` (see the docs' performance page). ``None``
             (default): on for models on the CPU, off on CUDA and when a memory optimization is set
-            (ORT cannot recompute torch's kernels). Same results as eager.
-        channels_last: with ``op_rewrites``, hold the activations between 2-D convolutions, BatchNorm and
-            pooling layers in channels-last memory inside the ORT graph, where torch's CPU kernels for
-            them run faster (the benchmark's CNN: 1.2x). Results are those of eager PyTorch on a model
-            and inputs in ``torch.channels_last`` memory; against standard memory they differ by float
-            rounding (the kernels sum in another order). ``False``: standard memory, eager's exact
-            results.
+            (ORT cannot recompute torch's kernels). Same results as eager (convolution networks: see
+            ``channels_last``).
+        channels_last: with ``op_rewrites``, hold the activations between 2-D convolutions, BatchNorm,
+            pooling and upsampling layers in channels-last memory inside the ORT graph, where torch's
+            CPU kernels for them run faster (the benchmark's CNN: 1.2x, its U-Net: 1.3-1.5x). Results
+            are those of eager PyTorch on a model and inputs in ``torch.channels_last`` memory;
+            against standard memory they differ by float rounding (the kernels sum in another
+            order). ``False``: standard memory, eager's exact results.
         export_cache: reuse the ONNX export of an identical model from an earlier run (saves 0.3-0.5 s
             of the first step), in ``$LIGHTNING_ORT_CACHE/exports``. The cache key covers the model's
             code, attributes, parameters and inputs; a ``forward`` that reads other state (environment

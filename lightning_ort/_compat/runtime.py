@@ -40,8 +40,8 @@ class ORTRuntimeOptions:
         op_rewrites: export the ops ORT's CPU kernels run slowly in faster forms (see
             ``op_rewrites.py``); ``None``: on for modules on the CPU, unless a memory optimization is
             set (ORT's recompute plans need ORT's own ops).
-        channels_last: with ``op_rewrites``, hold the activations of 2-D convolutions, BatchNorm and
-            pooling in channels-last memory inside ORT's graph (see ``channels_last.py``).
+        channels_last: with ``op_rewrites``, hold the activations of 2-D convolutions, BatchNorm,
+            pooling and upsampling in channels-last memory inside ORT's graph (see ``channels_last.py``).
     """
 
     log_level: str = "WARNING"
