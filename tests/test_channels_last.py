@@ -112,6 +112,24 @@ class TinyUNet(nn.Module):
         return self.merge(torch.cat([self.up(self.deeper(skip)), skip], dim=1))
 
 
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a depthwise convolution, then LayerNorm and linear layers on ``permute(0, 2, 3, 1)``."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.norm = nn.LayerNorm(channels)
+        self.expand, self.project = nn.Linear(channels, 4 * channels), nn.Linear(4 * channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.depthwise(x).permute(0, 2, 3, 1))
+        return x + self.project(F.gelu(self.expand(y))).permute(0, 3, 1, 2)
+
+
+def convnext_like() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 2, stride=2), ConvNeXtBlock(8), ConvNeXtBlock(8), nn.AdaptiveAvgPool2d(2))
+
+
 def frozen_stem() -> nn.Module:
     body = resnet_like()
     body[0].requires_grad_(False)
@@ -180,12 +198,19 @@ def _fit(
 
 CNN_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
 UNET_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "upsample_nearest2d"]
+CONVNEXT_LAYERS = ["convolution_bias", "adaptive_avg_pool2d"]
 
 
 @pytest.mark.parametrize(
     ("make_body", "layers"),
-    [(torch_kernels_only, CNN_LAYERS), (resnet_like, CNN_LAYERS), (frozen_stem, CNN_LAYERS), (TinyUNet, UNET_LAYERS)],
-    ids=["torch-kernels", "resnet-like", "frozen-stem", "u-net"],
+    [
+        (torch_kernels_only, CNN_LAYERS),
+        (resnet_like, CNN_LAYERS),
+        (frozen_stem, CNN_LAYERS),
+        (TinyUNet, UNET_LAYERS),
+        (convnext_like, CONVNEXT_LAYERS),
+    ],
+    ids=["torch-kernels", "resnet-like", "frozen-stem", "u-net", "convnext"],
 )
 def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any, layers: list[str]) -> None:
     eager, ort, recorder = _fit(make_body, torch.channels_last)
@@ -196,9 +221,8 @@ def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any,
     for layer in layers:
         assert operators[f"lightning_ort::{layer}_nhwc"] >= 1, layer
     assert operators["lightning_ort::convolution"] == operators["lightning_ort::batch_norm"] == 0
-    # into the layout at the input, back to the standard one before flatten: nothing in between
-    assert operators["Transpose"] == 2
-    # into the layout at the input, back to the standard one before flatten: nothing in between
+    # into the layout at the input, back to the standard one before flatten: nothing in between (the
+    # ConvNeXt blocks' own permutes between the layouts are absorbed)
     assert operators["Transpose"] == 2
 
 
@@ -224,7 +248,8 @@ def test_standard_memory_matches_eager_at_float_tolerance_and_exactly_without_ch
 
 class LeavesTheLayout(Base):
     """Feature maps that leave the channels-last region: a per-column bias (broadcast over the width, which
-    the region cannot hold), a graph output and a tensor read twice."""
+    the region cannot hold), graph outputs (one permuted to (N, H, W, C) by the user) and a tensor read
+    twice."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -234,15 +259,16 @@ class LeavesTheLayout(Base):
         self.conv2 = nn.Conv2d(6, 4, 3, padding=1)
         self.head = nn.Linear(4 * 6 * 6, 4)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         features = F.relu(self.bn(self.conv(x)))
         shifted = features + self.column_bias
         out = F.max_pool2d(self.conv2(shifted) + features[:, :4], 2)
-        return self.head(out.flatten(1)), features
+        return self.head(out.flatten(1)), features, features.permute(0, 2, 3, 1)
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        logits, features = self(batch[0])
-        return F.cross_entropy(logits, batch[1]) + features.square().mean()
+        logits, features, channels_last = self(batch[0])
+        weights = torch.linspace(0, 1, channels_last.shape[-1])
+        return F.cross_entropy(logits, batch[1]) + features.square().mean() + (channels_last * weights).mean()
 
 
 def test_tensors_leaving_the_layout_match_eager() -> None:

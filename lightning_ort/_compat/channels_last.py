@@ -12,7 +12,8 @@ tensors have no strides: a graph holds whatever shape it is given, contiguously.
   as they are, since the same permutation of both operands keeps broadcasting's meaning, and
   concatenations (of channels, as in U-Nets) take the permuted axis;
 - a ``Transpose`` converts where a tensor enters this region, and converts back where it leaves
-  (a ``Flatten``, a ``Reshape``, a graph output).
+  (a ``Flatten``, a ``Reshape``, a graph output); a model's own permutes between the two layouts
+  (ConvNeXt's) become the tensors already held.
 
 Results equal eager's up to float rounding: the channels-last kernels sum in another order.
 """
@@ -82,6 +83,7 @@ class _Rewrite:
         self.nhwc: dict[str, str] = {}  # a tensor's name -> the name of its (N, H, W, C) form
         self.renamed: set[str] = set()  # outputs that now come out in (N, H, W, C) under another name
         self.nchw: set[str] = set()  # tensors whose standard form a Transpose back produces
+        self.alias: dict[str, str] = {}  # a user's permute to (N, H, W, C) -> the tensor already held so
         self.nodes: list[onnx.NodeProto] = []
         self.converted = 0
 
@@ -92,6 +94,10 @@ class _Rewrite:
                     self.types[node.output[0]] = onnx.helper.make_tensor_type_proto(
                         attribute.t.data_type, attribute.t.dims
                     )
+        for index, name in enumerate(node.input):
+            node.input[index] = self.alias.get(name, name)
+        if self._permutes_layout(node):
+            return
         form = _nhwc_form(node)
         if form is not None and self._rank(node.input[0]) == 4:
             operator, outputs = form
@@ -118,7 +124,9 @@ class _Rewrite:
 
     def finish(self) -> None:
         for output in self.graph.output:
-            if output.name in self.nhwc:
+            if output.name in self.alias:
+                self.nodes.append(onnx.helper.make_node("Identity", [self.alias[output.name]], [output.name]))
+            elif output.name in self.nhwc:
                 self._back_to_nchw(output.name)
         gone = self.renamed - self.nchw
         kept = [info for info in self.graph.value_info if info.name not in gone]
@@ -126,6 +134,27 @@ class _Rewrite:
         self.graph.value_info.extend(kept)
         del self.graph.node[:]
         self.graph.node.extend(self.nodes)
+
+    def _permutes_layout(self, node: onnx.NodeProto) -> bool:
+        """Absorb a user's own permute between the layouts (ConvNeXt's ``x.permute(0, 2, 3, 1)`` around
+        its LayerNorm and linear layers), which would otherwise meet a Transpose of this pass.
+
+        ``x.permute(0, 2, 3, 1)`` of a tensor held as (N, H, W, C) is that tensor; the result of
+        ``y.permute(0, 3, 1, 2)`` is held as ``y``, and computed only if something needs it as it is.
+        """
+        if node.domain not in ("", "ai.onnx") or node.op_type != "Transpose":
+            return False
+        perm = next((list(attribute.ints) for attribute in node.attribute if attribute.name == "perm"), None)
+        source, result = node.input[0], node.output[0]
+        if perm == TO_NHWC and source in self.nhwc:
+            self.alias[result] = self.nhwc[source]
+            self.renamed.add(result)
+            return True
+        if perm == TO_NCHW and source not in self.nhwc:
+            self.nhwc[result] = source
+            self.renamed.add(result)
+            return True
+        return False
 
     def _rank(self, name: str) -> int | None:
         tensor_type = self.types.get(name)
