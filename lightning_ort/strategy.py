@@ -53,7 +53,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             ``channels_last``).
         channels_last: with ``op_rewrites``, hold the activations between 2-D convolutions, BatchNorm,
             pooling and upsampling layers in channels-last memory inside the ORT graph, where torch's
-            CPU kernels for them run faster (the benchmark's CNN: 1.2x, its U-Net: 1.3-1.5x). Results
+            CPU kernels for them run faster (the benchmark's CNN: 1.2x, its U-Net: 1.2-1.5x). Results
             are those of eager PyTorch on a model and inputs in ``torch.channels_last`` memory;
             against standard memory they differ by float rounding (the kernels sum in another
             order). ``False``: standard memory, eager's exact results.
