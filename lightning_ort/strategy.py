@@ -52,7 +52,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             (ORT cannot recompute torch's kernels). Same results as eager (convolution networks: see
             ``channels_last``).
         channels_last: with ``op_rewrites``, hold the activations between 2-D convolutions, BatchNorm,
-            pooling and upsampling layers in channels-last memory inside the ORT graph, where torch's
+            GroupNorm, pooling and upsampling layers in channels-last memory inside the ORT graph, where torch's
             CPU kernels for them run faster (the benchmark's CNN: 1.2x, its U-Net: 1.2-1.5x). Results
             are those of eager PyTorch on a model and inputs in ``torch.channels_last`` memory;
             against standard memory they differ by float rounding (the kernels sum in another

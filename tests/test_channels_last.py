@@ -130,6 +130,28 @@ def convnext_like() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 2, stride=2), ConvNeXtBlock(8), ConvNeXtBlock(8), nn.AdaptiveAvgPool2d(2))
 
 
+class GroupNormBlock(nn.Module):
+    """A diffusion U-Net's residual block: GroupNorm, SiLU and convolutions."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.GroupNorm(2, channels),
+            nn.SiLU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.GroupNorm(4, channels),
+            nn.SiLU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layers(x)
+
+
+def group_norm_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), GroupNormBlock(8), nn.AdaptiveAvgPool2d(2))
+
+
 def frozen_stem() -> nn.Module:
     body = resnet_like()
     body[0].requires_grad_(False)
@@ -199,6 +221,7 @@ def _fit(
 CNN_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
 UNET_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "upsample_nearest2d"]
 CONVNEXT_LAYERS = ["convolution_bias", "adaptive_avg_pool2d"]
+GROUP_NORM_LAYERS = ["convolution_bias", "group_norm", "adaptive_avg_pool2d"]
 
 
 @pytest.mark.parametrize(
@@ -209,8 +232,9 @@ CONVNEXT_LAYERS = ["convolution_bias", "adaptive_avg_pool2d"]
         (frozen_stem, CNN_LAYERS),
         (TinyUNet, UNET_LAYERS),
         (convnext_like, CONVNEXT_LAYERS),
+        (group_norm_net, GROUP_NORM_LAYERS),
     ],
-    ids=["torch-kernels", "resnet-like", "frozen-stem", "u-net", "convnext"],
+    ids=["torch-kernels", "resnet-like", "frozen-stem", "u-net", "convnext", "group-norm"],
 )
 def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any, layers: list[str]) -> None:
     eager, ort, recorder = _fit(make_body, torch.channels_last)

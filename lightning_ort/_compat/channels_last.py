@@ -5,15 +5,15 @@ torch's CPU kernels for convolutions, BatchNorm and pooling run 1.1-5x faster on
 tensors have no strides: a graph holds whatever shape it is given, contiguously. So after the export,
 :func:`to_channels_last` rewrites the forward graph (ORT differentiates the result):
 
-- the 2-D convolutions, BatchNorms, poolings and nearest-neighbour upsamplings that run torch's
-  kernels take and return (N, H, W, C) tensors (the ``*_nhwc`` operators of
+- the 2-D convolutions, BatchNorms, GroupNorms, poolings and nearest-neighbour upsamplings that run
+  torch's kernels take and return (N, H, W, C) tensors (the ``*_nhwc`` operators of
   ``csrc/channels_last_ops.cc``, which see them as channels-last (N, C, H, W) views);
 - element-wise nodes between them (activations, residual additions, dropout) work on those tensors
   as they are, since the same permutation of both operands keeps broadcasting's meaning, and
   concatenations (of channels, as in U-Nets) take the permuted axis;
 - a ``Transpose`` converts where a tensor enters this region, and converts back where it leaves
   (a ``Flatten``, a ``Reshape``, a graph output); a model's own permutes between the two layouts
-  (ConvNeXt's) become the tensors already held.
+  (ConvNeXt's) become the tensors already held, and ``Shape``/``Size`` read the held tensor.
 
 Results equal eager's up to float rounding: the channels-last kernels sum in another order.
 """
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import onnx
 
 from lightning_ort._compat.batchnorm import register_batch_norm_gradient
-from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, register_simple_gradient
+from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, register_gradient, register_simple_gradient
 from lightning_ort._compat.torch_kernels import register_convolution_gradients
 
 TO_NHWC = [0, 2, 3, 1]
@@ -39,6 +39,7 @@ NHWC_FORMS = {
     "avg_pool2d": ("lightning_ort::avg_pool2d_nhwc", (0,)),  # ORT's symbolic
     "_adaptive_avg_pool2d": ("lightning_ort::adaptive_avg_pool2d_nhwc", (0,)),  # ORT's symbolic
     "upsample_nearest2d": ("lightning_ort::upsample_nearest2d_nhwc", (0,)),  # ORT's symbolic (overload "vec")
+    "native_group_norm": ("lightning_ort::group_norm_nhwc", (0,)),  # ORT's symbolic
 }
 # Nodes whose every output is computed element by element from their inputs (with broadcasting)
 ELEMENTWISE = {
@@ -96,7 +97,7 @@ class _Rewrite:
                     )
         for index, name in enumerate(node.input):
             node.input[index] = self.alias.get(name, name)
-        if self._permutes_layout(node):
+        if self._permutes_layout(node) or self._shape_of_held(node):
             return
         form = _nhwc_form(node)
         if form is not None and self._rank(node.input[0]) == 4:
@@ -155,6 +156,27 @@ class _Rewrite:
             self.renamed.add(result)
             return True
         return False
+
+    def _shape_of_held(self, node: onnx.NodeProto) -> bool:
+        """``Shape`` of a tensor held as (N, H, W, C): the held tensor's shape, permuted; ``Size``: the held
+        tensor's. No Transpose of the data for them (ORT's GroupNorm export reads N, C and H*W so)."""
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Shape", "Size") or node.attribute:
+            return False
+        source = node.input[0]
+        if source not in self.nhwc or source in self.nchw:
+            return False
+        if node.op_type == "Size":
+            node.input[0] = self.nhwc[source]
+            self.nodes.append(node)
+            return True
+        held_shape = self._fresh(f"{node.output[0]}_nhwc")
+        order = self._fresh(f"{node.output[0]}_order")
+        self.nodes.append(onnx.helper.make_node("Shape", [self.nhwc[source]], [held_shape]))
+        self.nodes.append(
+            onnx.helper.make_node("Constant", [], [order], value=onnx.helper.make_tensor(order, 7, [4], TO_NCHW))
+        )
+        self.nodes.append(onnx.helper.make_node("Gather", [held_shape, order], [node.output[0]], axis=0))
+        return True
 
     def _rank(self, name: str) -> int | None:
         tensor_type = self.types.get(name)
@@ -282,5 +304,8 @@ def register_gradients() -> None:
                              ["GO(0)", *[f"I({i})" for i in range(7)]])  # fmt: skip
     register_simple_gradient("lightning_ort::adaptive_avg_pool2d_nhwc",
                              "lightning_ort::adaptive_avg_pool2d_nhwc_backward", ["GO(0)", "I(0)"])  # fmt: skip
+    register_gradient("lightning_ort::group_norm_nhwc", "lightning_ort::group_norm_nhwc_backward",
+                      ["GO(0)", "I(0)", "O(1)", "O(2)", "I(1)", "I(3)", "I(4)", "I(5)", "I(6)"],
+                      ["GI(0)", "GI(1)", "GI(2)"])  # fmt: skip
     register_simple_gradient("lightning_ort::upsample_nearest2d_nhwc",
                              "lightning_ort::upsample_nearest2d_nhwc_backward", ["GO(0)", "I(0)", "I(2)"])  # fmt: skip

@@ -108,6 +108,23 @@ at::Tensor adaptive_avg_pool2d_nhwc_backward(const at::Tensor& grad, const at::T
   return nhwc(at::_adaptive_avg_pool2d_backward(nchw_view(grad), nchw_view(input)));
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc(const at::Tensor& input,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const c10::optional<at::Tensor>& bias, int64_t n,
+                                                               int64_t c, int64_t hxw, int64_t group, double eps) {
+  auto [output, mean, rstd] = at::native_group_norm(nchw_view(input), weight, bias, n, c, hxw, group, eps);
+  return {nhwc(output), mean, rstd};
+}
+
+template <bool kInput, bool kWeight, bool kBias>
+Grads group_norm_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean,
+                               const at::Tensor& rstd, const c10::optional<at::Tensor>& weight, int64_t n, int64_t c,
+                               int64_t hxw, int64_t group) {
+  auto [grad_input, grad_weight, grad_bias] = only_needed<kInput, kWeight, kBias>(at::native_group_norm_backward(
+      nchw_view(grad), nchw_view(input), mean, rstd, weight, n, c, hxw, group, {kInput, kWeight, kBias}));
+  return {nhwc(grad_input), grad_weight, grad_bias};
+}
+
 // nearest-neighbour upsampling (nn.Upsample, F.interpolate): `scale_factors` as the export gives them
 at::Tensor upsample_nearest2d_nhwc(const at::Tensor& input, at::OptionalIntArrayRef output_size,
                                    c10::optional<at::ArrayRef<double>> scale_factors) {
@@ -132,13 +149,21 @@ at::Tensor upsample_nearest2d_nhwc_backward(const at::Tensor& grad, const at::Te
 #define POOL "int[] kernel_size, int[] stride, int[] padding"
 #define AVG_POOL POOL ", bool ceil_mode, bool count_include_pad, int? divisor_override"
 
+#define GROUP_NORM \
+  "(Tensor input, Tensor? weight, Tensor? bias, int n, int c, int hxw, int group, float eps) -> (Tensor, Tensor, Tensor)"
+#define GROUP_NORM_BACKWARD                                                                                  \
+  "(Tensor grad, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, int n, int c, int hxw, int group) " \
+  "-> (Tensor, Tensor, Tensor)"
+
 #define DEFINE_NHWC_OVERLOAD(overload, input, weight, bias)                                                   \
   m.def("convolution_nhwc" overload CONVOLUTION, &convolution_nhwc);                                         \
   m.def("convolution_bias_nhwc" overload CONVOLUTION_BIAS, &convolution_bias_nhwc);                          \
   m.def("convolution_nhwc_backward" overload CONVOLUTION_BACKWARD,                                           \
         &convolution_nhwc_backward<input, weight, bias>);                                                    \
   m.def("batch_norm_nhwc" overload BATCH_NORM, &batch_norm_nhwc);                                            \
-  m.def("batch_norm_nhwc_backward" overload BATCH_NORM_BACKWARD, &batch_norm_nhwc_backward<input, weight, bias>);
+  m.def("batch_norm_nhwc_backward" overload BATCH_NORM_BACKWARD, &batch_norm_nhwc_backward<input, weight, bias>); \
+  m.def("group_norm_nhwc" overload GROUP_NORM, &group_norm_nhwc);                                             \
+  m.def("group_norm_nhwc_backward" overload GROUP_NORM_BACKWARD, &group_norm_nhwc_backward<input, weight, bias>);
 
 TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   GRADIENT_OVERLOADS(DEFINE_NHWC_OVERLOAD)
