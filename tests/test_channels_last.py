@@ -345,6 +345,27 @@ def test_rewrite_keeps_broadcasting_meaning_and_is_idempotent(bias_shape: list[i
     assert to_channels_last(again) == 0 and again == model
 
 
+def test_graph_without_convolutions_is_left_as_it_is() -> None:
+    """A permute into (N, C, H, W) followed by element-wise nodes, in a graph with nothing to convert."""
+    helper, float_type = onnx.helper, onnx.TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
+        helper.make_node("Relu", ["t"], ["r"]),
+        helper.make_node("ReduceSum", ["r"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", float_type, ["batch", 4, 4, 3])],
+        [helper.make_tensor_value_info("out", float_type, None)],
+        value_info=[helper.make_tensor_value_info(name, float_type, ["batch", 3, 4, 4]) for name in ("t", "r")],
+    )
+    model = helper.make_model(graph)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    assert to_channels_last(model) == 0 and model == before
+
+
 def test_channels_last_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"ORTStrategy\(channels_last='yes'\) must be True or False"):
         lightning_ort.ORTStrategy(channels_last="yes")  # type: ignore[arg-type]

@@ -62,10 +62,11 @@ def to_channels_last(model: onnx.ModelProto) -> int:
            for attribute in node.attribute):  # fmt: skip
         return 0  # control flow could read a tensor this pass renames
     rewrite = _Rewrite(graph)
+    # visiting edits the nodes in place, so a graph without a layer to convert is left unvisited
+    if not any(rewrite.nhwc_form(node) for node in graph.node):
+        return 0
     for node in list(graph.node):
         rewrite.visit(node)
-    if not rewrite.converted:
-        return 0
     rewrite.finish()
     return rewrite.converted
 
@@ -99,8 +100,8 @@ class _Rewrite:
             node.input[index] = self.alias.get(name, name)
         if self._permutes_layout(node) or self._shape_of_held(node):
             return
-        form = _nhwc_form(node)
-        if form is not None and self._rank(node.input[0]) == 4:
+        form = self.nhwc_form(node)
+        if form is not None:
             operator, outputs = form
             _set_operator(node, operator)
             node.input[0] = self._nhwc_name(node.input[0])
@@ -135,6 +136,11 @@ class _Rewrite:
         self.graph.value_info.extend(kept)
         del self.graph.node[:]
         self.graph.node.extend(self.nodes)
+
+    def nhwc_form(self, node: onnx.NodeProto) -> tuple[str, tuple[int, ...]] | None:
+        """The channels-last form of ``node`` if it is a 2-D layer this pass converts."""
+        form = _nhwc_form(node)
+        return form if form is not None and self._rank(node.input[0]) == 4 else None
 
     def _permutes_layout(self, node: onnx.NodeProto) -> bool:
         """Absorb a user's own permute between the layouts (ConvNeXt's ``x.permute(0, 2, 3, 1)`` around
