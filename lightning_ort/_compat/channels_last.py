@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import onnx
 
 from lightning_ort._compat.batchnorm import register_batch_norm_gradient
-from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, register_gradient, register_simple_gradient
+from lightning_ort._compat.gradient_overloads import aten_operator, register_gradient, register_simple_gradient
 from lightning_ort._compat.torch_kernels import register_convolution_gradients
 
 TO_NHWC = [0, 2, 3, 1]
@@ -107,7 +107,7 @@ class _Rewrite:
             node.input[0] = self._nhwc_name(node.input[0])
             self._hold_outputs(node, outputs)
             self.converted += 1
-        elif _is_concat(node) and self._all_in_nhwc(node):
+        elif _is_onnx(node, "Concat") and self._all_in_nhwc(node):
             for index, name in enumerate(node.input):
                 node.input[index] = self._nhwc_name(name)
             axis = next(attribute for attribute in node.attribute if attribute.name == "axis")
@@ -149,7 +149,7 @@ class _Rewrite:
         ``x.permute(0, 2, 3, 1)`` of a tensor held as (N, H, W, C) is that tensor; the result of
         ``y.permute(0, 3, 1, 2)`` is held as ``y``, and computed only if something needs it as it is.
         """
-        if node.domain not in ("", "ai.onnx") or node.op_type != "Transpose":
+        if not _is_onnx(node, "Transpose"):
             return False
         perm = next((list(attribute.ints) for attribute in node.attribute if attribute.name == "perm"), None)
         source, result = node.input[0], node.output[0]
@@ -166,7 +166,7 @@ class _Rewrite:
     def _shape_of_held(self, node: onnx.NodeProto) -> bool:
         """``Shape`` of a tensor held as (N, H, W, C): the held tensor's shape, permuted; ``Size``: the held
         tensor's. No Transpose of the data for them (ORT's GroupNorm export reads N, C and H*W so)."""
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Shape", "Size") or node.attribute:
+        if not _is_onnx(node, "Shape", "Size") or node.attribute:
             return False
         source = node.input[0]
         if source not in self.nhwc or source in self.nchw:
@@ -260,17 +260,8 @@ class _Rewrite:
         self.graph.value_info.append(onnx.helper.make_value_info(new_name, permuted))
 
 
-def _aten_operator(node: onnx.NodeProto) -> str | None:
-    if node.op_type != "ATen" or node.domain != GRAD_DOMAIN:
-        return None
-    for attribute in node.attribute:
-        if attribute.name == "operator":
-            return attribute.s.decode()
-    return None
-
-
 def _nhwc_form(node: onnx.NodeProto) -> tuple[str, tuple[int, ...]] | None:
-    operator = _aten_operator(node)
+    operator = aten_operator(node)
     if operator is None:
         return None
     overload = next((a.s.decode() for a in node.attribute if a.name == "overload_name"), "")
@@ -280,13 +271,12 @@ def _nhwc_form(node: onnx.NodeProto) -> tuple[str, tuple[int, ...]] | None:
 
 
 def _is_elementwise(node: onnx.NodeProto) -> bool:
-    if node.domain in ("", "ai.onnx"):
-        return node.op_type in ELEMENTWISE
-    return _aten_operator(node) in ELEMENTWISE_OPERATORS
+    return _is_onnx(node, *ELEMENTWISE) or aten_operator(node) in ELEMENTWISE_OPERATORS
 
 
-def _is_concat(node: onnx.NodeProto) -> bool:
-    return node.domain in ("", "ai.onnx") and node.op_type == "Concat"
+def _is_onnx(node: onnx.NodeProto, *op_types: str) -> bool:
+    """Whether ``node`` is one of the standard ONNX ops ``op_types``."""
+    return node.domain in ("", "ai.onnx") and node.op_type in op_types
 
 
 def _set_operator(node: onnx.NodeProto, operator: str) -> None:

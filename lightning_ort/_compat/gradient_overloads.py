@@ -105,21 +105,28 @@ def choose_overloads(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -
     reachable = set(inputs_requiring_grad)
     for node in model.graph.node:  # ONNX nodes are topologically sorted
         differentiable = node.op_type not in NON_DIFFERENTIABLE
-        if node.domain == GRAD_DOMAIN and node.op_type == "ATen":
-            attributes = {attribute.name: attribute for attribute in node.attribute}
-            operator = attributes["operator"].s.decode()
+        operator = aten_operator(node)
+        if operator is not None:
             differentiable = operator not in STOP_GRADIENT_OPERATORS
             slots = OPERATORS.get(operator)
             if slots is not None:
                 inputs = list(node.input)
                 needed = tuple(index < len(inputs) and inputs[index] in reachable for index in range(len(slots)))
-                _set_overload(node, attributes, overload_name(slots, needed))
+                _set_overload(node, overload_name(slots, needed))
         if differentiable and any(name in reachable for name in node.input):
             reachable.update(node.output)
 
 
-def _set_overload(node: Any, attributes: dict[str, Any], overload: str) -> None:
-    if "overload_name" in attributes:
-        attributes["overload_name"].s = overload.encode()
+def aten_operator(node: onnx.NodeProto) -> str | None:
+    """The torch operator an ``ATen`` node of ORT's graph runs (``lightning_ort::linear``, ...), or None."""
+    if node.domain != GRAD_DOMAIN or node.op_type != "ATen":
+        return None
+    return next((attribute.s.decode() for attribute in node.attribute if attribute.name == "operator"), None)
+
+
+def _set_overload(node: onnx.NodeProto, overload: str) -> None:
+    attribute = next((attribute for attribute in node.attribute if attribute.name == "overload_name"), None)
+    if attribute is not None:
+        attribute.s = overload.encode()
     elif overload:
         node.attribute.append(onnx.helper.make_attribute("overload_name", overload))

@@ -146,19 +146,21 @@ def recompute_plans(ort_module: torch.nn.Module) -> list[str]:
 
 def exported_model(ort_module: torch.nn.Module, training: bool) -> onnx.ModelProto | None:
     """The ONNX model ORT exported for ``ort_module`` in training or inference mode, if any."""
-    manager = _execution_managers(ort_module)[0 if training else 1]
-    transitions = manager._graph_transition_manager
-    info = getattr(transitions, "_exported_model_info", None) if transitions is not None else None
+    info = _model_info(ort_module, training, "_exported_model_info")
     return None if info is None else info.exported_model
 
 
 def processed_model(ort_module: torch.nn.Module, training: bool) -> onnx.ModelProto | None:
     """The graph ORT differentiates (training) or runs (inference) for ``ort_module``: the export after
     ORT's and lightning_ort's rewrites (channels-last layout, gradient overloads), if built yet."""
-    manager = _execution_managers(ort_module)[0 if training else 1]
-    transitions = manager._graph_transition_manager
-    info = getattr(transitions, "_post_export_processed_model_info", None) if transitions is not None else None
+    info = _model_info(ort_module, training, "_post_export_processed_model_info")
     return None if info is None else info._post_export_processed_model
+
+
+def _model_info(ort_module: torch.nn.Module, training: bool, name: str) -> Any:
+    """ORT's graph transition manager's ``name`` record for the training or inference graph, if any."""
+    transitions = _execution_managers(ort_module)[0 if training else 1]._graph_transition_manager
+    return getattr(transitions, name, None) if transitions is not None else None
 
 
 def set_training_flag(ort_module: torch.nn.Module, graph: bool, module_training: bool) -> None:
