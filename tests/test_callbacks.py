@@ -188,6 +188,24 @@ def test_log_verbosity_obeys_the_users_logging_config(
     assert ":onnxruntime:" not in capfd.readouterr().err  # filtered out, not leaked to stderr
 
 
+def test_log_verbosity_leaves_ort_quiet_for_sessions_created_afterwards(capfd: pytest.CaptureFixture[str]) -> None:
+    """A verbose ORT session lowers ORT's process-wide logger; its threads, and later sessions, wrote
+    native lines straight to stderr after the callback's capture had ended."""
+    fit(MLP(), mlp_loader(), "ort", max_steps=2, callbacks=[ORTLogVerbosity("VERBOSE")])
+    capfd.readouterr()
+    helper = onnx.helper
+    relu = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(relu, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.array([-1.0, 2.0], dtype=np.float32)})[0].tolist() == [0.0, 2.0]
+    assert ":onnxruntime:" not in capfd.readouterr().err
+
+
 # -------------------------------------------------------------------------------------------- ORTParityCheck
 
 

@@ -158,6 +158,22 @@ class PythonLogRoute(logging.Handler):
         super().close()
 
 
+# ORT's own default for its process-wide logger
+_DEFAULT_LOGGER_SEVERITY = _NATIVE_SEVERITIES["WARNING"]
+
+
+def _quiet_default_logger() -> None:
+    """Put ORT's process-wide default logger back to WARNING.
+
+    Creating a session with a verbose severity lowers it for the whole process, and ORT's
+    intra-op threads log through it when they start (``pthread_setaffinity_np succeed ...``),
+    possibly after the capture has ended and in sessions created later: such lines went straight
+    to stderr."""
+    from onnxruntime.capi import _pybind_state
+
+    _pybind_state.set_default_logger_severity(_DEFAULT_LOGGER_SEVERITY)
+
+
 class NativeLogCapture:
     """Captures the process's stderr (file descriptor 2) between :meth:`start` and :meth:`stop`.
 
@@ -200,6 +216,7 @@ class NativeLogCapture:
         """Restore stderr and hand on what was captured (no-op when not capturing)."""
         if self._saved_fd is None or self._file is None:
             return
+        _quiet_default_logger()
         sys.stderr.flush()
         os.dup2(self._saved_fd, 2)
         os.close(self._saved_fd)
