@@ -5,10 +5,11 @@
 Separate processes (benchmarks/run.py) see the shared machine's noise differently; here every
 variant trains its own copy of the same model on the same batches, one step each in turn, so the
 noise falls on all of them alike. Speed is eager's median step time over the variant's (higher is
-faster). Variants: ``default`` (lightning_ort's defaults), ``no_rewrites`` (``op_rewrites=False``),
-``threads<N>`` (``intra_op_num_threads=N``, e.g. ``threads1``), ``standard_memory``
-(``channels_last=False``), ``spinning`` (``allow_spinning=True``; its spinning
-threads also slow down whatever runs after it, eager included, so measure it alone).
+faster); ``--faults`` adds each one's page faults per step. Variants: ``default`` (lightning_ort's
+defaults), ``no_rewrites`` (``op_rewrites=False``), ``threads<N>`` (``intra_op_num_threads=N``,
+e.g. ``threads1``), ``standard_memory`` (``channels_last=False``), ``no_arena``
+(``memory_arena=False``), ``spinning`` (``allow_spinning=True``; its spinning threads also slow
+down whatever runs after it, eager included, so measure it alone).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import copy
 import dataclasses
 import os
+import resource
 import statistics
 import sys
 import time
@@ -36,6 +38,7 @@ VARIANTS = {
     "no_rewrites": {"op_rewrites": False},
     "spinning": {"allow_spinning": True},
     "standard_memory": {"channels_last": False},
+    "no_arena": {"memory_arena": False},
 }
 
 
@@ -49,32 +52,42 @@ def variant_options(variant: str) -> dict[str, Any] | None:
     return None
 
 
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) -> dict[str, float]:
-    """Speed of each variant relative to eager (eager's median step / the variant's), and eager's median
-    step in milliseconds under ``eager_ms``."""
+    """Speed of each variant relative to eager (eager's median step / the variant's), eager's median
+    step in milliseconds under ``eager_ms`` and each one's median page faults per step under
+    ``<variant>_faults`` (``eager_faults`` too)."""
     workload = workloads(size)[name]
     generator = torch.Generator().manual_seed(0)
     batches = [workload.make_batch(generator) for _ in range(warmup + steps)]
     torch.manual_seed(0)
     base = workload.make_model()
     defaults = lightning_ort.ORTStrategy().runtime_options
-    runs: dict[str, tuple[Any, list[float]]] = {}
+    runs: dict[str, tuple[Any, list[float], list[int]]] = {}
     for variant in ["eager", *variants]:
         model = copy.deepcopy(base)
         call = model
         if variant != "eager":
             call = _compat.wrap_module(model, dataclasses.replace(defaults, **variant_options(variant)))
         optimizer = workload.make_optimizer(list(model.parameters()))
-        runs[variant] = ((call, optimizer), [])
+        runs[variant] = ((call, optimizer), [], [])
     for index, batch in enumerate(batches):
-        for (call, optimizer), times in runs.values():
-            start = time.perf_counter()
+        for (call, optimizer), times, faults in runs.values():
+            start, faults_before = time.perf_counter(), _minor_faults()
             workload.train_step(call, optimizer, batch)
             if index >= warmup:
                 times.append(time.perf_counter() - start)
+                faults.append(_minor_faults() - faults_before)
     eager = statistics.median(runs["eager"][1])
-    speeds = {variant: eager / statistics.median(times) for variant, (_, times) in runs.items() if variant != "eager"}
-    return {"eager_ms": eager * 1000, **speeds}
+    result = {"eager_ms": eager * 1000}
+    for variant, (_, times, faults) in runs.items():
+        if variant != "eager":
+            result[variant] = eager / statistics.median(times)
+        result[f"{variant}_faults"] = statistics.median(faults)
+    return result
 
 
 def main() -> None:
@@ -84,6 +97,7 @@ def main() -> None:
     parser.add_argument("--size", choices=("tiny", "full"), default="full")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--faults", action="store_true", help="also print page faults per step (median)")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     args = parser.parse_args()
     if args.torch_threads:
@@ -93,11 +107,16 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)} or threads<N>")
     print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
-    print("| workload | eager ms/step | " + " | ".join(variants) + " |")
-    print("| --- | --- |" + " --- |" * len(variants))
+    columns = ["eager ms/step", *variants]
+    if args.faults:
+        columns += [f"{v} faults/step" for v in ["eager", *variants]]
+    print("| workload | " + " | ".join(columns) + " |")
+    print("| --- |" + " --- |" * len(columns))
     for name in args.workloads.split(","):
         speeds = measure(name, args.size, variants, args.steps, args.warmup)
         cells = [f"{speeds['eager_ms']:.1f}", *(f"{speeds[v]:.2f}x" for v in variants)]
+        if args.faults:
+            cells += [f"{speeds[f'{v}_faults']:.0f}" for v in ["eager", *variants]]
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 

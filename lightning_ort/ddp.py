@@ -51,6 +51,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimizer_config: see :class:`~lightning_ort.ORTStrategy`.
         op_rewrites: see :class:`~lightning_ort.ORTStrategy`.
         channels_last: see :class:`~lightning_ort.ORTStrategy`.
+        memory_arena: see :class:`~lightning_ort.ORTStrategy`.
         export_cache: see :class:`~lightning_ort.ORTStrategy`.
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
@@ -75,6 +76,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
         channels_last: bool = True,
+        memory_arena: bool = True,
         export_cache: bool = False,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
@@ -117,6 +119,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             memory_optimizer_config=memory_optimizer_config,
             op_rewrites=op_rewrites,
             channels_last=channels_last,
+            memory_arena=memory_arena,
             export_cache=export_cache,
         )
 

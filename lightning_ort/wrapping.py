@@ -64,6 +64,7 @@ class ORTStrategyMixin(Strategy):
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
         channels_last: bool = True,
+        memory_arena: bool = True,
         export_cache: bool = False,
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
@@ -94,6 +95,8 @@ class ORTStrategyMixin(Strategy):
             raise TypeError(f"{name}(op_rewrites={op_rewrites!r}) must be True, False or None.")
         if not isinstance(channels_last, bool):
             raise TypeError(f"{name}(channels_last={channels_last!r}) must be True or False.")
+        if not isinstance(memory_arena, bool):
+            raise TypeError(f"{name}(memory_arena={memory_arena!r}) must be True or False.")
         if not isinstance(export_cache, bool):
             raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
@@ -110,6 +113,7 @@ class ORTStrategyMixin(Strategy):
             memory_optimizer_config=memory_optimizer_config,
             op_rewrites=op_rewrites,
             channels_last=channels_last,
+            memory_arena=memory_arena,
             export_cache=export_cache,
         )
         if op_rewrites and self.runtime_options.memory_optimized:
@@ -222,4 +226,5 @@ class ORTStrategyMixin(Strategy):
     @override
     def teardown(self) -> None:
         self._teardown_guards()
+        _compat.release_memory_arena()
         super().teardown()

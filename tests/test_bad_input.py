@@ -39,6 +39,7 @@ NEW_OPTION_ERRORS = [
     ({"allow_spinning": "no"}, TypeError, "(allow_spinning='no') must be True or False"),
     ({"custom_autograd": "auto"}, TypeError, "(custom_autograd='auto') must be True, False or None"),
     ({"fused_optimizer": "yes"}, TypeError, "(fused_optimizer='yes') must be True or False"),
+    ({"memory_arena": "yes"}, TypeError, "(memory_arena='yes') must be True or False"),
 ]
 
 

@@ -60,7 +60,9 @@ def test_lightning_overhead_runs_tiny() -> None:
 
 def test_same_process_comparison_runs_tiny() -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / "same_process.py"), "--size", "tiny"]
-    command += ["--workloads", "cnn,unet", "--variants", "default,no_rewrites", "--steps", "2", "--warmup", "1"]
+    command += ["--workloads", "cnn,unet", "--variants", "default,no_rewrites,no_arena", "--faults"]
+    command += ["--steps", "2", "--warmup", "1"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| cnn |" in result.stdout and "| unet |" in result.stdout and result.stdout.count("x |") == 4
+    assert "| cnn |" in result.stdout and "| unet |" in result.stdout and result.stdout.count("x |") == 6
+    assert "| no_arena faults/step |" in result.stdout

@@ -29,6 +29,9 @@ from lightning_ort._compat.logs import (
     set_log_level,
     set_python_log_level,
 )
+from lightning_ort._compat.memory_arena import ArenaStats
+from lightning_ort._compat.memory_arena import release as release_memory_arena
+from lightning_ort._compat.memory_arena import stats as memory_arena_stats
 from lightning_ort._compat.runtime import (
     ORTRuntimeOptions,
     end_profiling,
@@ -48,6 +51,7 @@ __all__ = [
     "PYTHON_LOGGER",
     "ArtifactLoss",
     "ArtifactOptimizer",
+    "ArenaStats",
     "GraphStage",
     "LogLevelName",
     "NativeLogCapture",
@@ -66,11 +70,13 @@ __all__ = [
     "exported_model",
     "processed_model",
     "generate_training_artifacts",
+    "memory_arena_stats",
     "memory_optimization_level",
     "non_standard_ops",
     "ortmodule_package",
     "python_level",
     "recompute_plans",
+    "release_memory_arena",
     "save_graphs",
     "saved_graph_path",
     "set_log_level",

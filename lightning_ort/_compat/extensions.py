@@ -2,7 +2,7 @@
 
 ORTModule imports its extensions as ``onnxruntime.training.ortmodule.torch_cpp_extensions.<name>``.
 We compile ``aten_op_executor`` from the source ORT ships, lightning_ort's own operators that ORT
-graphs run through it (``csrc/aten_ops.cc``) and, in place of ORT's
+graphs run through it (``csrc/aten_ops.cc``, with their memory arena) and, in place of ORT's
 ``torch_interop_utils`` (which no longer compiles), lightning_ort's own runner for custom
 autograd.Functions (``csrc/custom_function_runner.cc``), against the installed torch; the shared
 objects live in ``$LIGHTNING_ORT_CACHE`` (default ``~/.cache/lightning_ort``), and the modules are
@@ -187,8 +187,10 @@ _aten_ops_path: Path | None = None
 
 
 def aten_ops_sources() -> list[Path]:
-    """lightning_ort's C++ sources of the ``lightning_ort::*`` operators ORT graphs run (package data)."""
-    return [Path(__file__).parent / "csrc" / name for name in ("aten_ops.cc", "channels_last_ops.cc")]
+    """lightning_ort's C++ sources of the ``lightning_ort::*`` operators ORT graphs run and of their
+    memory arena (package data)."""
+    names = ("aten_ops.cc", "channels_last_ops.cc", "memory_arena.cc")
+    return [Path(__file__).parent / "csrc" / name for name in names]
 
 
 def _aten_ops_headers() -> list[Path]:

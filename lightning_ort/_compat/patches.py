@@ -12,6 +12,7 @@ from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache
 from lightning_ort._compat.export_guard import guarded_export
 from lightning_ort._compat.gradient_overloads import choose_overloads
+from lightning_ort._compat.memory_arena import arena_scope
 from lightning_ort._compat.mha_export import dynamic_attention_shapes
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
 
@@ -26,6 +27,8 @@ OP_REWRITES_ATTR = "_lightning_ort_op_rewrites"
 EXPORT_CACHE_ATTR = "_lightning_ort_export_cache"
 # Set on ORT's execution managers whose graphs should hold convolution activations channels-last.
 CHANNELS_LAST_ATTR = "_lightning_ort_channels_last"
+# Set on ORT's execution managers (and copied to their agents) whose graph runs use memory_arena.py.
+MEMORY_ARENA_ATTR = "_lightning_ort_memory_arena"
 
 
 def _wrap_export() -> None:
@@ -99,6 +102,37 @@ def _wrap_session_config() -> None:
         return session_options, providers, provider_options
 
     GraphExecutionManager._get_session_config = _get_session_config  # type: ignore[method-assign]
+
+
+def _graph_runs_in_memory_arena() -> None:
+    """ORT's graph runs (training forward and backward, inference) of managers marked with
+    MEMORY_ARENA_ATTR allocate the CPU memory of their torch kernels from the arena."""
+    from onnxruntime.training.ortmodule._execution_agent import InferenceAgent, TrainingAgent
+    from onnxruntime.training.ortmodule._inference_manager import InferenceManager
+    from onnxruntime.training.ortmodule._training_manager import TrainingManager
+
+    def in_arena(original: Any) -> Any:
+        @functools.wraps(original)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with arena_scope(getattr(self, MEMORY_ARENA_ATTR, False)):
+                return original(self, *args, **kwargs)
+
+        return run
+
+    def marking_agent(original: Any) -> Any:
+        @functools.wraps(original)
+        def _create_execution_agent(self: Any) -> Any:
+            result = original(self)
+            setattr(self._execution_agent, MEMORY_ARENA_ATTR, getattr(self, MEMORY_ARENA_ATTR, False))
+            return result
+
+        return _create_execution_agent
+
+    TrainingAgent.run_forward = in_arena(TrainingAgent.run_forward)  # type: ignore[method-assign]
+    TrainingAgent.run_backward = in_arena(TrainingAgent.run_backward)  # type: ignore[method-assign]
+    InferenceAgent.run_forward = in_arena(InferenceAgent.run_forward)  # type: ignore[method-assign]
+    for manager in (TrainingManager, InferenceManager):
+        manager._create_execution_agent = marking_agent(manager._create_execution_agent)  # type: ignore[method-assign]
 
 
 def _skip_gpu_allocator_without_cuda_provider() -> None:
@@ -226,6 +260,7 @@ def install() -> None:
     op_rewrites.register_gradients()
     _wrap_export()
     _wrap_session_config()
+    _graph_runs_in_memory_arena()
     _prepare_graph_builder_input()
     _symbolic_shapes_without_assumptions()
     _feature_table_at_info_level()

@@ -11,11 +11,13 @@ from typing import Any
 import onnx
 import torch
 
+from lightning_ort._compat import memory_arena
 from lightning_ort._compat.loader import ortmodule_package
 from lightning_ort._compat.patches import (
     CHANNELS_LAST_ATTR,
     EXPORT_CACHE_ATTR,
     INTRA_OP_THREADS_ATTR,
+    MEMORY_ARENA_ATTR,
     OP_REWRITES_ATTR,
     PROFILE_PREFIX_ATTR,
     SESSION_ENTRIES_ATTR,
@@ -42,6 +44,8 @@ class ORTRuntimeOptions:
             set (ORT's recompute plans need ORT's own ops).
         channels_last: with ``op_rewrites``, hold the activations of 2-D convolutions, BatchNorm,
             pooling and upsampling in channels-last memory inside ORT's graph (see ``channels_last.py``).
+        memory_arena: torch kernels inside ORT's graph keep their CPU memory for the next step
+            instead of giving it back to the system (see ``memory_arena.py``).
     """
 
     log_level: str = "WARNING"
@@ -52,6 +56,7 @@ class ORTRuntimeOptions:
     memory_optimizer_config: str | None = None
     op_rewrites: bool | None = None
     channels_last: bool = True
+    memory_arena: bool = True
     profile_file_prefix: str | None = None
     export_cache: bool = False
 
@@ -108,6 +113,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         rewrites = not options.memory_optimized and all(tensor.device.type == "cpu" for tensor in module.parameters())
     setattr(ort_module._torch_module._flattened_module, OP_REWRITES_ATTR, rewrites)
     setattr(ort_module._torch_module._flattened_module, EXPORT_CACHE_ATTR, options.export_cache)
+    arena = options.memory_arena and memory_arena.install()
     training_manager = _execution_managers(ort_module)[0]
     _apply_memory_options(training_manager._runtime_options, options)
     for manager in _execution_managers(ort_module):
@@ -118,6 +124,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
         setattr(manager, PROFILE_PREFIX_ATTR, options.profile_file_prefix)
         setattr(manager, CHANNELS_LAST_ATTR, rewrites and options.channels_last)
+        setattr(manager, MEMORY_ARENA_ATTR, arena)
     return ort_module
 
 

@@ -1,0 +1,121 @@
+"""The memory arena of the torch kernels inside ORT's graphs changes where memory comes from, nothing else.
+
+Models here are large enough for their activations to reach the arena (blocks of 64 KiB and more).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import RunResult, assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
+from models import MLP, Base, EncoderClassifier, dict_loader
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_ort
+from lightning_ort import _compat
+
+
+class WideCNN(Base):
+    """Convolutions with BatchNorm and pooling, then a wide linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    training_step = MLP.training_step
+
+
+def wide_image_loader() -> DataLoader:
+    g = torch.Generator().manual_seed(4)
+    images, labels = torch.randn(200, 3, 16, 16, generator=g), torch.randint(0, 4, (200,), generator=g)
+    return DataLoader(TensorDataset(images, labels), batch_size=48)  # the last batch has 8
+
+
+def wide_encoder() -> EncoderClassifier:
+    return EncoderClassifier(d_model=256)
+
+
+FAMILIES: list[tuple[Callable[[], Base], Callable[[], DataLoader]]] = [
+    (WideCNN, wide_image_loader),
+    (wide_encoder, lambda: dict_loader(batch_size=40)),
+]
+
+
+def _fit_with_arena(make_model: Callable[[], Base], make_loader: Callable[[], DataLoader], arena: bool) -> RunResult:
+    torch.manual_seed(0)
+    before = _compat.memory_arena_stats().reuses
+    result = fit(make_model(), make_loader(), lightning_ort.ORTStrategy(memory_arena=arena), max_steps=8)
+    assert_ort_ran(result, 8)
+    reused = _compat.memory_arena_stats().reuses - before
+    assert (reused > 0) == arena, f"the arena served {reused} allocations with memory_arena={arena}"
+    return result
+
+
+@pytest.mark.parametrize(("make_model", "make_loader"), FAMILIES, ids=["cnn", "encoder"])
+def test_training_is_bit_for_bit_the_same_with_and_without_the_arena(
+    make_model: Callable[[], Base], make_loader: Callable[[], DataLoader]
+) -> None:
+    with_arena = _fit_with_arena(make_model, make_loader, arena=True)
+    without = _fit_with_arena(make_model, make_loader, arena=False)
+    assert with_arena.losses == without.losses
+    assert with_arena.state.keys() == without.state.keys()
+    for key, value in with_arena.state.items():
+        assert torch.equal(value, without.state[key]), key
+
+
+def test_training_with_the_arena_follows_eager() -> None:
+    eager, ort = fit_both(wide_encoder, lambda: dict_loader(batch_size=40), 8)
+    assert_ort_ran(ort, 8)
+    assert_losses_match(eager, ort, rtol=1e-4)
+    assert_states_match(eager, ort)
+
+
+def test_teardown_gives_free_blocks_back_and_eager_code_never_uses_the_arena() -> None:
+    _fit_with_arena(WideCNN, wide_image_loader, arena=True)
+    after_fit = _compat.memory_arena_stats()
+    assert after_fit.reserved_bytes == after_fit.in_use_bytes, "free blocks outlived the Trainer"
+    big = torch.empty(1 << 20)
+    del big
+    assert _compat.memory_arena_stats() == after_fit
+
+
+def test_varying_batch_sizes_keep_the_arena_bounded() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    twin = copy.deepcopy(model)
+    defaults = lightning_ort.ORTStrategy().runtime_options
+    with_arena = _compat.wrap_module(model, defaults)
+    without = _compat.wrap_module(twin, dataclasses.replace(defaults, memory_arena=False))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, twin)]
+    _compat.release_memory_arena()
+    reuses = _compat.memory_arena_stats().reuses
+    sizes = torch.randint(8, 400, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    for step, batch in enumerate(sizes):
+        x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
+        for call, optimizer in zip((with_arena, without), optimizers, strict=True):
+            optimizer.zero_grad()
+            F.cross_entropy(call(x), y).backward()
+            optimizer.step()
+        stats = _compat.memory_arena_stats()
+        assert stats.reserved_bytes <= 2 * stats.peak_in_use_bytes, f"step {step} (batch {batch}): {stats}"
+    assert stats.reuses > reuses
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(a, b)
