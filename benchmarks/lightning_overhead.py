@@ -32,7 +32,7 @@ def measure(name: str, size: str, steps: int, warmup: int, rounds: int) -> tuple
     for round_index in range(rounds):
         order = ["ort", "raw_ort"] if round_index % 2 == 0 else ["raw_ort", "ort"]
         for mode in order:
-            times = run_mode(mode, workload, batches, "cpu", {})
+            times = run_mode(mode, workload, batches, "cpu", {}).times
             medians[mode].append(statistics.median(times[warmup:]))
     return statistics.median(medians["ort"]), statistics.median(medians["raw_ort"])
 

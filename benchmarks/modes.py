@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import resource
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
@@ -14,7 +15,32 @@ import lightning_ort
 from lightning_ort import _compat
 from lightning_ort.timing import StepTimer
 
-MODES = ("eager", "ort", "ort_no_rewrites", "raw_ort", "compile")
+MODES = ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "raw_ort", "compile")
+
+
+class Steps(NamedTuple):
+    """Per-step wall times (seconds) and minor page faults of one training run."""
+
+    times: list[float]
+    faults: list[int]
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+class FaultCounter(L.Callback):
+    """Minor page faults of every training batch (memory the step got back from the kernel)."""
+
+    def __init__(self) -> None:
+        self.faults: list[int] = []
+        self._start = 0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self._start = _minor_faults()
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.faults.append(_minor_faults() - self._start)
 
 
 class BenchModule(L.LightningModule):
@@ -36,14 +62,14 @@ class BenchModule(L.LightningModule):
         return self.workload.make_optimizer(list(self.parameters()))
 
 
-def _lightning(workload: Workload, model: nn.Module, batches: list[Batch], strategy: Any, device: str) -> list[float]:
-    timer = StepTimer(warmup=0)
+def _lightning(workload: Workload, model: nn.Module, batches: list[Batch], strategy: Any, device: str) -> Steps:
+    timer, faults = StepTimer(warmup=0), FaultCounter()
     trainer = L.Trainer(
         accelerator=device,
         devices=1,
         strategy=strategy,
         max_steps=len(batches),
-        callbacks=[timer],
+        callbacks=[timer, faults],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -54,25 +80,24 @@ def _lightning(workload: Workload, model: nn.Module, batches: list[Batch], strat
         for report in trainer.strategy.ort_reports:
             if not report.uses_ort or report.torch_calls:
                 raise RuntimeError(f"ORT did not run {report.name}: {report.fallback_reason}")
-    return timer.step_times
+    return Steps(timer.step_times, faults.faults)
 
 
-def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device: str, options: Any) -> list[float]:
+def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device: str, options: Any) -> Steps:
     model = model.to(device)
     ort_model = _compat.wrap_module(model, options)
     optimizer = workload.make_optimizer(list(model.parameters()))
-    times = []
+    steps = Steps([], [])
     for x, y in batches:
-        start = time.perf_counter()
+        start, faults = time.perf_counter(), _minor_faults()
         workload.train_step(ort_model, optimizer, (x.to(device), y.to(device)))
-        times.append(time.perf_counter() - start)
-    return times
+        steps.times.append(time.perf_counter() - start)
+        steps.faults.append(_minor_faults() - faults)
+    return steps
 
 
-def run_mode(
-    mode: str, workload: Workload, batches: list[Batch], device: str, ort_options: dict[str, Any]
-) -> list[float]:
-    """Train ``workload`` on ``batches`` in ``mode``; the per-step wall times in seconds."""
+def run_mode(mode: str, workload: Workload, batches: list[Batch], device: str, ort_options: dict[str, Any]) -> Steps:
+    """Train ``workload`` on ``batches`` in ``mode``; the per-step wall times and page faults."""
     torch.manual_seed(0)
     model = workload.make_model()
     if mode == "eager":
@@ -81,6 +106,9 @@ def run_mode(
         return _lightning(workload, model, batches, lightning_ort.ORTStrategy(**ort_options), device)
     if mode == "ort_no_rewrites":  # the "before" of op_rewrites, side by side
         strategy = lightning_ort.ORTStrategy(**{**ort_options, "op_rewrites": False})
+        return _lightning(workload, model, batches, strategy, device)
+    if mode == "ort_no_arena":  # torch kernels in ORT's graph allocate through malloc, as before memory_arena
+        strategy = lightning_ort.ORTStrategy(**{**ort_options, "memory_arena": False})
         return _lightning(workload, model, batches, strategy, device)
     if mode == "raw_ort":
         runtime = lightning_ort.ORTStrategy(**ort_options).runtime_options

@@ -3,6 +3,7 @@ torch.compile.
 
     python benchmarks/run.py                      # full size, all workloads and modes
     python benchmarks/run.py --size tiny --steps 3 --warmup 1 --repeats 1   # smoke run
+    python benchmarks/run.py --modes eager,ort,ort_no_arena   # with and without the memory arena
 
 Every (workload, mode) trains in its own process on the same batches and initial weights; modes
 are interleaved and repeated so that they share the machine's noise. Reported: the median step time
@@ -43,7 +44,7 @@ def _worker(args: argparse.Namespace) -> None:
     )
     ort_options = json.loads(args.ort_options)
     start = time.perf_counter()
-    times = run_mode(args.mode, workload, batches, device, ort_options)
+    times, faults = run_mode(args.mode, workload, batches, device, ort_options)
     total = time.perf_counter() - start
     print(
         json.dumps(
@@ -54,6 +55,7 @@ def _worker(args: argparse.Namespace) -> None:
                 "first_step_s": times[0],
                 "median_step_s": statistics.median(times[args.warmup :]),
                 "step_times_s": times,
+                "median_faults_per_step": statistics.median(faults[args.warmup :]),
                 "total_s": total,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "torch_threads": torch.get_num_threads(),
@@ -104,6 +106,7 @@ def _summarise(runs: list[dict[str, Any]], workload_names: list[str], modes: lis
                 "median_step_s": statistics.median(r["median_step_s"] for r in ok),
                 "first_step_s": statistics.median(r["first_step_s"] for r in ok),
                 "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in ok),
+                "faults_per_step": statistics.median(r["median_faults_per_step"] for r in ok),
             }
         eager = per_mode.get("eager", {})
         for stats in per_mode.values():
@@ -115,20 +118,21 @@ def _summarise(runs: list[dict[str, Any]], workload_names: list[str], modes: lis
 
 
 def _table(summary: dict[str, Any], modes: list[str]) -> str:
-    lines = [
-        "| workload | "
-        + " | ".join(f"{m} speed" for m in modes)
-        + " | "
-        + " | ".join(f"{m} 1st step" for m in modes)
-        + " |"
+    columns = [
+        ("speed", "speed_vs_eager", "{:.2f}x"),
+        ("1st step", "first_step_s", "{:.2f} s"),
+        ("peak RSS", "memory_vs_eager", "{:.2f}x"),
+        ("faults/step", "faults_per_step", "{:.0f}"),
     ]
-    lines.append("| --- " * (1 + 2 * len(modes)) + "|")
+    header = [f"{mode} {title}" for title, _, _ in columns for mode in modes]
+    lines = ["| workload | " + " | ".join(header) + " |", "| --- " * (1 + len(header)) + "|"]
     for workload, per_mode in summary.items():
-        speeds = [
-            f"{per_mode[m]['speed_vs_eager']:.2f}x" if "speed_vs_eager" in per_mode[m] else "error" for m in modes
+        cells = [
+            form.format(per_mode[mode][key]) if key in per_mode[mode] else "error"
+            for _, key, form in columns
+            for mode in modes
         ]
-        firsts = [f"{per_mode[m]['first_step_s']:.2f} s" if "first_step_s" in per_mode[m] else "-" for m in modes]
-        lines.append(f"| {workload} | " + " | ".join(speeds) + " | " + " | ".join(firsts) + " |")
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -9,7 +9,9 @@ faster); ``--faults`` adds each one's page faults per step. Variants: ``default`
 defaults), ``no_rewrites`` (``op_rewrites=False``), ``threads<N>`` (``intra_op_num_threads=N``,
 e.g. ``threads1``), ``standard_memory`` (``channels_last=False``), ``no_arena``
 (``memory_arena=False``), ``spinning`` (``allow_spinning=True``; its spinning threads also slow
-down whatever runs after it, eager included, so measure it alone).
+down whatever runs after it, eager included, so measure it alone), and ``eager_arena``: eager
+PyTorch with every allocation of its steps served by lightning_ort's memory arena (what eager would
+gain from a caching allocator; not something lightning_ort does to eager).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from workloads import workloads  # noqa: E402
 
 import lightning_ort  # noqa: E402
 from lightning_ort import _compat  # noqa: E402
+from lightning_ort._compat import memory_arena  # noqa: E402
+
+EAGER_ARENA = "eager_arena"
 
 VARIANTS = {
     "default": {},
@@ -46,6 +51,8 @@ def variant_options(variant: str) -> dict[str, Any] | None:
     """ORTRuntimeOptions fields of a variant name, or None if the name is unknown."""
     if variant in VARIANTS:
         return VARIANTS[variant]
+    if variant == EAGER_ARENA:
+        return {}
     threads = variant.removeprefix("threads")
     if threads != variant and threads.isdigit() and int(threads) > 0:
         return {"intra_op_num_threads": int(threads)}
@@ -70,14 +77,17 @@ def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) 
     for variant in ["eager", *variants]:
         model = copy.deepcopy(base)
         call = model
-        if variant != "eager":
+        if variant == EAGER_ARENA:
+            memory_arena.install()
+        elif variant != "eager":
             call = _compat.wrap_module(model, dataclasses.replace(defaults, **variant_options(variant)))
         optimizer = workload.make_optimizer(list(model.parameters()))
         runs[variant] = ((call, optimizer), [], [])
     for index, batch in enumerate(batches):
-        for (call, optimizer), times, faults in runs.values():
+        for variant, ((call, optimizer), times, faults) in runs.items():
             start, faults_before = time.perf_counter(), _minor_faults()
-            workload.train_step(call, optimizer, batch)
+            with memory_arena.arena_scope(variant == EAGER_ARENA):
+                workload.train_step(call, optimizer, batch)
             if index >= warmup:
                 times.append(time.perf_counter() - start)
                 faults.append(_minor_faults() - faults_before)
@@ -105,7 +115,7 @@ def main() -> None:
     variants = args.variants.split(",")
     unknown = [v for v in variants if variant_options(v) is None]
     if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)} or threads<N>")
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}, {EAGER_ARENA} or threads<N>")
     print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
     columns = ["eager ms/step", *variants]
     if args.faults:

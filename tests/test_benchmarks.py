@@ -25,7 +25,7 @@ def test_benchmark_runs_tiny_and_writes_results(tmp_path: Path) -> None:
         "--workloads",
         "gpt,cnn",
         "--modes",
-        "eager,ort,ort_no_rewrites,raw_ort",
+        "eager,ort,ort_no_rewrites,ort_no_arena,raw_ort",
         "--out",
         str(tmp_path),
     ]
@@ -33,10 +33,10 @@ def test_benchmark_runs_tiny_and_writes_results(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "benchmark.json").read_text())
     for workload in ("gpt", "cnn"):
-        for mode in ("eager", "ort", "ort_no_rewrites", "raw_ort"):
+        for mode in ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "raw_ort"):
             stats = report["summary"][workload][mode]
             assert "error" not in stats, stats
-            assert stats["median_step_s"] > 0 and stats["peak_rss_mb"] > 0
+            assert stats["median_step_s"] > 0 and stats["peak_rss_mb"] > 0 and stats["faults_per_step"] >= 0
     assert "| gpt |" in (tmp_path / "benchmark.md").read_text()
 
 
@@ -60,9 +60,9 @@ def test_lightning_overhead_runs_tiny() -> None:
 
 def test_same_process_comparison_runs_tiny() -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / "same_process.py"), "--size", "tiny"]
-    command += ["--workloads", "cnn,unet", "--variants", "default,no_rewrites,no_arena", "--faults"]
+    command += ["--workloads", "cnn,unet", "--variants", "default,no_rewrites,no_arena,eager_arena", "--faults"]
     command += ["--steps", "2", "--warmup", "1"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| cnn |" in result.stdout and "| unet |" in result.stdout and result.stdout.count("x |") == 6
+    assert "| cnn |" in result.stdout and "| unet |" in result.stdout and result.stdout.count("x |") == 8
     assert "| no_arena faults/step |" in result.stdout
