@@ -1,20 +1,20 @@
 // A CPU memory arena for the torch kernels that ORT graphs run (ATen nodes).
 //
 // ORT's own kernels allocate from ORT's arena, which keeps memory between steps. The torch kernels
-// inside the same graph allocate through torch's CPU allocator, that is glibc's malloc, which hands
-// large blocks back to the kernel when a step frees them (heap trimming) and pays a page fault per
-// 4 KiB page to get them again in the next step: thousands of faults per training step, 5-25% of
-// the step time of the reference models on a 2-core CPU.
+// inside the same graph allocate through torch's CPU allocator, that is glibc's malloc, which gives
+// the top of its heap back to the system when a step frees it and page-faults it in again, 4 KiB
+// at a time, in the next step: thousands of faults per training step on the reference models
+// (benchmarks/NOTES.md, finding 40).
 //
 // While a thread runs an ORT graph (`memory_arena_scope(true)`), CPU allocations of at least
 // kMinBytes from that thread are served from blocks freed earlier; frees, from any thread, keep the
 // block. All other allocations go to the allocator that was installed before.
 //
-// A request takes the smallest free block of at least its size and at most a quarter larger, or a
-// new one. Memory is bounded: the arena holds at most twice the most its blocks were ever in use at
-// once, and gives the oldest free blocks back beyond that (shapes that vary from step to step). A
-// step whose sizes repeat needs 1.3-1.9 times its peak (the reference models), since a block of one
-// size cannot serve another.
+// A request takes the smallest free block of at least its size and at most a quarter larger (of
+// several, the last freed), or a new one. Memory is bounded: the arena holds at most twice the most
+// its blocks were ever in use at once, and gives the oldest free blocks back beyond that (shapes
+// that vary from step to step). A step whose sizes repeat needs 1.3-1.9 times its peak (the
+// reference models), since a block of one size cannot serve another.
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -61,9 +62,10 @@ State& state() {
 
 thread_local bool enabled = false;
 
-void report(void* ptr, int64_t bytes, const State& s) {
+// For torch.profiler(profile_memory=True); called unlocked, as the profiler may allocate.
+void report(void* ptr, int64_t bytes, size_t in_use_bytes, size_t reserved_bytes) {
   if (c10::memoryProfilingEnabled()) {
-    c10::reportMemoryUsageToProfiler(ptr, bytes, s.in_use_bytes, s.reserved_bytes, c10::Device(c10::DeviceType::CPU));
+    c10::reportMemoryUsageToProfiler(ptr, bytes, in_use_bytes, reserved_bytes, c10::Device(c10::DeviceType::CPU));
   }
 }
 
@@ -106,7 +108,9 @@ void free_arena_block(void* ptr) {
   const uint64_t age = s.next_age++;
   s.free_by_age.emplace(age, Block{ptr, size});
   s.free_by_size.emplace(size, age);
-  report(ptr, -static_cast<int64_t>(size), s);
+  const size_t in_use_bytes = s.in_use_bytes, reserved_bytes = s.reserved_bytes;
+  lock.unlock();
+  report(ptr, -static_cast<int64_t>(size), in_use_bytes, reserved_bytes);
 }
 
 struct ArenaAllocator final : c10::Allocator {
@@ -116,12 +120,13 @@ struct ArenaAllocator final : c10::Allocator {
       return s.previous->allocate(bytes);
     }
     void* ptr = nullptr;
+    size_t size = bytes, in_use_bytes = 0, reserved_bytes = 0;
     std::vector<void*> released;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
-      size_t size = bytes;
       auto fit = s.free_by_size.lower_bound(bytes);
       if (fit != s.free_by_size.end() && fit->first <= bytes + bytes / 4) {  // best fit, at most 25% larger
+        fit = std::prev(s.free_by_size.upper_bound(fit->first));  // of that size, the last freed (cache-warm)
         size = fit->first;
         ptr = s.free_by_age.at(fit->second).ptr;
         s.free_by_age.erase(fit->second);
@@ -136,11 +141,13 @@ struct ArenaAllocator final : c10::Allocator {
       s.in_use_bytes += size;
       s.peak_in_use_bytes = std::max(s.peak_in_use_bytes, s.in_use_bytes);
       released = over_bound(s);
-      report(ptr, static_cast<int64_t>(size), s);
+      in_use_bytes = s.in_use_bytes;
+      reserved_bytes = s.reserved_bytes;
     }
     for (void* block : released) {
       c10::free_cpu(block);
     }
+    report(ptr, static_cast<int64_t>(size), in_use_bytes, reserved_bytes);
     return {ptr, ptr, &free_arena_block, c10::Device(c10::DeviceType::CPU)};
   }
 
