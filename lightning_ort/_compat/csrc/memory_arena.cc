@@ -22,11 +22,14 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/library.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -176,6 +179,8 @@ bool install() {
       s.previous = current;
       s.previous_raw_deleter = current->raw_deleter();
       c10::SetCPUAllocator(&arena(), /*priority=*/1);
+      // A process forked while another thread held the lock (DataLoader workers) gets a usable one.
+      pthread_atfork(nullptr, nullptr, [] { new (&state().mutex) std::mutex(); });
     }
   }
   return c10::GetCPUAllocator() == &arena();
