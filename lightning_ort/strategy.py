@@ -57,11 +57,13 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             are those of eager PyTorch on a model and inputs in ``torch.channels_last`` memory;
             against standard memory they differ by float rounding (the kernels sum in another
             order). ``False``: standard memory, eager's exact results.
-        memory_arena: on the CPU, torch kernels inside the ORT graph keep the memory they allocate
-            for the next step, as ORT's own kernels do in ORT's arena, instead of handing it back to
-            the system and page-faulting it in again (the benchmark's models through ORT: 1.04-1.44x
-            faster than without it). It keeps at most twice the peak memory of those kernels;
-            results are unchanged. ``False``: allocate through torch's CPU allocator.
+        memory_arena: on the CPU, the training, validation, test and predict steps (the torch
+            kernels inside the ORT graph, and the loss, backward and optimizer step around it) keep
+            the memory they allocate for the next step, as ORT's own kernels do in ORT's arena,
+            instead of handing it back to the system and page-faulting it in again (the
+            benchmark's models through ORT: 1.04-1.44x faster than without it). It keeps at most
+            twice the peak memory of those allocations; results are unchanged. ``False``: allocate
+            through torch's CPU allocator.
         export_cache: reuse the ONNX export of an identical model from an earlier run (saves 0.3-0.5 s
             of the first step), in ``$LIGHTNING_ORT_CACHE/exports``. The cache key covers the model's
             code, attributes, parameters and inputs; a ``forward`` that reads other state (environment

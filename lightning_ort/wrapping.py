@@ -9,7 +9,9 @@ unwraps the model.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -18,6 +20,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ort import _compat
@@ -188,21 +191,41 @@ class ORTStrategyMixin(Strategy):
             self._guards.append(guard)
         log.info("lightning_ort: ORT runs %s", ", ".join(names) or "nothing")
 
+    def _memory_arena(self) -> contextlib.AbstractContextManager[None]:
+        """On the CPU, the arena serves the whole step (loss, backward, optimizer, user code), not only
+        ORT's graph runs: eager code around the graph page-faults the same way."""
+        return _compat.memory_arena_scope(self.runtime_options.memory_arena and self.root_device.type == "cpu")
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Callable[[], Any],
+        model: pl.LightningModule | torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        with self._memory_arena():  # automatic optimization runs training_step and backward in closure
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        return self._after_step("training_step", super().training_step(*args, **kwargs))
+        with self._memory_arena():
+            return self._after_step("training_step", super().training_step(*args, **kwargs))
 
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        return self._after_step("validation_step", super().validation_step(*args, **kwargs))
+        with self._memory_arena():
+            return self._after_step("validation_step", super().validation_step(*args, **kwargs))
 
     @override
     def test_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        return self._after_step("test_step", super().test_step(*args, **kwargs))
+        with self._memory_arena():
+            return self._after_step("test_step", super().test_step(*args, **kwargs))
 
     @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        return self._after_step("predict_step", super().predict_step(*args, **kwargs))
+        with self._memory_arena():
+            return self._after_step("predict_step", super().predict_step(*args, **kwargs))
 
     def _after_step(self, step: str, output: Any) -> Any:
         """After the first step of a run: if it never called ``self(...)``, wrap the trainable children."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import RunResult, assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
-from models import MLP, Base, EncoderClassifier, dict_loader
+from models import MLP, Base, EncoderClassifier, dict_loader, mlp_loader
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -127,3 +127,22 @@ def test_varying_batch_sizes_keep_the_arena_bounded() -> None:
     assert stats.reuses > reuses
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+class BigLossTemporaries(MLP):
+    """A small model (ORT's graph allocates less than the arena's 64 KiB) whose loss builds 1 MiB
+    temporaries in eager PyTorch, outside the graph."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logits = self(batch[0])
+        spread = torch.ones(1 << 18) * logits.detach().mean()
+        return F.cross_entropy(logits, batch[1]) + 0.0 * spread.sum()
+
+
+@pytest.mark.parametrize("arena", [True, False], ids=["arena", "no-arena"])
+def test_under_the_strategy_the_whole_step_uses_the_arena(arena: bool) -> None:
+    before = _compat.memory_arena_stats().reuses
+    result = fit(BigLossTemporaries(), mlp_loader(), lightning_ort.ORTStrategy(memory_arena=arena), max_steps=6)
+    assert_ort_ran(result, 6)
+    reused = _compat.memory_arena_stats().reuses - before
+    assert (reused >= 5) == arena, f"the arena served {reused} allocations with memory_arena={arena}"

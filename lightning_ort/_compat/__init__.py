@@ -30,6 +30,7 @@ from lightning_ort._compat.logs import (
     set_python_log_level,
 )
 from lightning_ort._compat.memory_arena import ArenaStats
+from lightning_ort._compat.memory_arena import arena_scope as memory_arena_scope
 from lightning_ort._compat.memory_arena import release as release_memory_arena
 from lightning_ort._compat.memory_arena import stats as memory_arena_stats
 from lightning_ort._compat.runtime import (
@@ -70,6 +71,7 @@ __all__ = [
     "exported_model",
     "processed_model",
     "generate_training_artifacts",
+    "memory_arena_scope",
     "memory_arena_stats",
     "memory_optimization_level",
     "non_standard_ops",

@@ -5,7 +5,8 @@ torch kernels lightning_ort runs inside the same graphs (ATen nodes: op_rewrites
 allocate through torch's CPU allocator, that is malloc, which gives large blocks back to the system
 when a step frees them and page-faults them in again in the next step. While ORT runs a graph of a
 module wrapped with ``memory_arena=True``, those allocations come from lightning_ort's arena instead
-(see :func:`arena_scope`, used around ORT's graph runs by ``patches.py``).
+(see :func:`arena_scope`, used around ORT's graph runs by ``patches.py``, and around whole steps by
+the strategies on the CPU).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def install() -> bool:
 @contextlib.contextmanager
 def arena_scope(enabled: bool) -> Iterator[None]:
     """While inside, if ``enabled``, this thread's CPU allocations of 64 KiB and more use the arena."""
-    if not enabled:
+    if not (enabled and (_installed or install())):
         yield
         return
     previous = torch.ops.lightning_ort.memory_arena_scope(True)
