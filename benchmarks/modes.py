@@ -25,7 +25,8 @@ class Steps(NamedTuple):
     faults: list[int]
 
 
-def _minor_faults() -> int:
+def minor_faults() -> int:
+    """Minor page faults of this process so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
@@ -37,10 +38,10 @@ class FaultCounter(L.Callback):
         self._start = 0
 
     def on_train_batch_start(self, *args: Any) -> None:
-        self._start = _minor_faults()
+        self._start = minor_faults()
 
     def on_train_batch_end(self, *args: Any) -> None:
-        self.faults.append(_minor_faults() - self._start)
+        self.faults.append(minor_faults() - self._start)
 
 
 class BenchModule(L.LightningModule):
@@ -89,10 +90,10 @@ def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device:
     optimizer = workload.make_optimizer(list(model.parameters()))
     steps = Steps([], [])
     for x, y in batches:
-        start, faults = time.perf_counter(), _minor_faults()
+        start, faults = time.perf_counter(), minor_faults()
         workload.train_step(ort_model, optimizer, (x.to(device), y.to(device)))
         steps.times.append(time.perf_counter() - start)
-        steps.faults.append(_minor_faults() - faults)
+        steps.faults.append(minor_faults() - faults)
     return steps
 
 

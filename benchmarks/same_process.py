@@ -20,7 +20,6 @@ import argparse
 import copy
 import dataclasses
 import os
-import resource
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from modes import minor_faults  # noqa: E402
 from workloads import workloads  # noqa: E402
 
 import lightning_ort  # noqa: E402
@@ -59,10 +59,6 @@ def variant_options(variant: str) -> dict[str, Any] | None:
     return None
 
 
-def _minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) -> dict[str, float]:
     """Speed of each variant relative to eager (eager's median step / the variant's), eager's median
     step in milliseconds under ``eager_ms`` and each one's median page faults per step under
@@ -85,12 +81,12 @@ def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) 
         runs[variant] = ((call, optimizer), [], [])
     for index, batch in enumerate(batches):
         for variant, ((call, optimizer), times, faults) in runs.items():
-            start, faults_before = time.perf_counter(), _minor_faults()
+            start, faults_before = time.perf_counter(), minor_faults()
             with memory_arena.arena_scope(variant == EAGER_ARENA):
                 workload.train_step(call, optimizer, batch)
             if index >= warmup:
                 times.append(time.perf_counter() - start)
-                faults.append(_minor_faults() - faults_before)
+                faults.append(minor_faults() - faults_before)
     eager = statistics.median(runs["eager"][1])
     result = {"eager_ms": eager * 1000}
     for variant, (_, times, faults) in runs.items():

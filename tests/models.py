@@ -48,20 +48,23 @@ def mlp_loader(batch_size: int = 16, n: int = 320) -> DataLoader:
 
 
 class CNN(Base):
-    """Convolutions with BatchNorm (running statistics must follow eager)."""
+    """Convolutions with BatchNorm (running statistics must follow eager) on ``image_size`` square images."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels: int = 8, hidden: int = 16, image_size: int = 8) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1),
-            nn.BatchNorm2d(8),
+            nn.Conv2d(3, channels, 3, padding=1),
+            nn.BatchNorm2d(channels),
             nn.ReLU(),
-            nn.Conv2d(8, 8, 3, padding=1, bias=False),
-            nn.BatchNorm2d(8, momentum=0.3),
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels, momentum=0.3),
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+        flat = channels * (image_size // 2) ** 2
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(flat, hidden), nn.BatchNorm1d(hidden), nn.Linear(hidden, 4)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

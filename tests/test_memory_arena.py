@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import RunResult, assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
-from models import MLP, Base, EncoderClassifier, dict_loader, mlp_loader
+from models import CNN, MLP, Base, EncoderClassifier, dict_loader, mlp_loader
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,26 +22,9 @@ import lightning_ort
 from lightning_ort import _compat
 
 
-class WideCNN(Base):
-    """Convolutions with BatchNorm and pooling, then a wide linear head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1, bias=False),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-    training_step = MLP.training_step
+def wide_cnn() -> CNN:
+    """Convolutions with BatchNorm and pooling, then a wide head, on 16x16 images."""
+    return CNN(channels=32, hidden=256, image_size=16)
 
 
 def wide_image_loader() -> DataLoader:
@@ -55,7 +38,7 @@ def wide_encoder() -> EncoderClassifier:
 
 
 FAMILIES: list[tuple[Callable[[], Base], Callable[[], DataLoader]]] = [
-    (WideCNN, wide_image_loader),
+    (wide_cnn, wide_image_loader),
     (wide_encoder, lambda: dict_loader(batch_size=40)),
 ]
 
@@ -90,7 +73,7 @@ def test_training_with_the_arena_follows_eager() -> None:
 
 
 def test_teardown_gives_free_blocks_back_and_eager_code_never_uses_the_arena() -> None:
-    result = _fit_with_arena(WideCNN, wide_image_loader, arena=True)
+    result = _fit_with_arena(wide_cnn, wide_image_loader, arena=True)
     after_fit = _compat.memory_arena_stats()
     assert after_fit.reserved_bytes == after_fit.in_use_bytes, "free blocks outlived the Trainer"
     del result

@@ -16,6 +16,7 @@ from lightning_ort._compat.deploy import (
 )
 from lightning_ort._compat.export_guard import attention_fast_path_off
 from lightning_ort._compat.flavour import check_device, check_installation
+from lightning_ort._compat.gradient_overloads import aten_operator
 from lightning_ort._compat.graphs import GRAPH_STAGES, GraphStage, save_graphs, saved_graph_path
 from lightning_ort._compat.loader import ortmodule_package
 from lightning_ort._compat.logs import (
@@ -59,6 +60,7 @@ __all__ = [
     "ORTRuntimeOptions",
     "PythonLogRoute",
     "advance_batch_counters",
+    "aten_operator",
     "attention_fast_path_off",
     "batch_counters",
     "check_device",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import onnx
 
+from lightning_ort import _compat
+
 ATEN_DOMAIN = "org.pytorch.aten"
 # Kernels that ORT's graph optimizers create by fusing several ops (on CPU and CUDA).
 _FUSED_OPS = frozenset(
@@ -46,13 +48,6 @@ def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                     yield from _nodes(subgraph)
 
 
-def _aten_operator(node: onnx.NodeProto) -> str:
-    for attribute in node.attribute:
-        if attribute.name == "operator":
-            return attribute.s.decode()
-    return "?"
-
-
 def _is_fused(node: onnx.NodeProto) -> bool:
     if node.domain == "com.microsoft.nchwc":
         return True
@@ -87,7 +82,7 @@ class GraphSummary:
             op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
             summary.op_types[op] += 1
             if node.domain == ATEN_DOMAIN and node.op_type == "ATen":
-                summary.aten_ops[_aten_operator(node)] += 1
+                summary.aten_ops[_compat.aten_operator(node) or "?"] += 1
             if _is_fused(node):
                 summary.fused_ops[op] += 1
         return summary

@@ -72,10 +72,10 @@ void report(void* ptr, int64_t bytes, size_t in_use_bytes, size_t reserved_bytes
   }
 }
 
-// Oldest free blocks beyond the bound, unlinked from the arena (the caller frees them unlocked).
-std::vector<void*> over_bound(State& s) {
+// Oldest free blocks until the arena reserves at most `bound` bytes, unlinked from it (the caller
+// frees them unlocked).
+std::vector<void*> oldest_free_beyond(State& s, size_t bound) {
   std::vector<void*> released;
-  const size_t bound = 2 * s.peak_in_use_bytes;
   while (s.reserved_bytes > bound && !s.free_by_age.empty()) {
     auto oldest = s.free_by_age.begin();
     auto range = s.free_by_size.equal_range(oldest->second.size);
@@ -143,7 +143,7 @@ struct ArenaAllocator final : c10::Allocator {
       s.in_use.emplace(ptr, size);
       s.in_use_bytes += size;
       s.peak_in_use_bytes = std::max(s.peak_in_use_bytes, s.in_use_bytes);
-      released = over_bound(s);
+      released = oldest_free_beyond(s, 2 * s.peak_in_use_bytes);
       in_use_bytes = s.in_use_bytes;
       reserved_bytes = s.reserved_bytes;
     }
@@ -199,12 +199,7 @@ void release() {
   std::vector<void*> released;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    for (const auto& item : s.free_by_age) {
-      released.push_back(item.second.ptr);
-      s.reserved_bytes -= item.second.size;
-    }
-    s.free_by_age.clear();
-    s.free_by_size.clear();
+    released = oldest_free_beyond(s, 0);
     s.peak_in_use_bytes = s.in_use_bytes;
   }
   for (void* block : released) {
