@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -63,14 +64,21 @@ class BenchModule(L.LightningModule):
         return self.workload.make_optimizer(list(self.parameters()))
 
 
-def _lightning(workload: Workload, model: nn.Module, batches: list[Batch], strategy: Any, device: str) -> Steps:
+def _lightning(
+    workload: Workload,
+    model: nn.Module,
+    batches: list[Batch],
+    strategy: Any,
+    device: str,
+    callbacks: Sequence[L.Callback] = (),
+) -> Steps:
     timer, faults = StepTimer(warmup=0), FaultCounter()
     trainer = L.Trainer(
         accelerator=device,
         devices=1,
         strategy=strategy,
         max_steps=len(batches),
-        callbacks=[timer, faults],
+        callbacks=[timer, faults, *callbacks],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -97,23 +105,32 @@ def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device:
     return steps
 
 
-def run_mode(mode: str, workload: Workload, batches: list[Batch], device: str, ort_options: dict[str, Any]) -> Steps:
-    """Train ``workload`` on ``batches`` in ``mode``; the per-step wall times and page faults."""
+def run_mode(
+    mode: str,
+    workload: Workload,
+    batches: list[Batch],
+    device: str,
+    ort_options: dict[str, Any],
+    callbacks: Sequence[L.Callback] = (),
+) -> Steps:
+    """Train ``workload`` on ``batches`` in ``mode``; the per-step wall times and page faults.
+
+    ``callbacks`` join the Trainer of the Lightning modes."""
     torch.manual_seed(0)
     model = workload.make_model()
     if mode == "eager":
-        return _lightning(workload, model, batches, "auto", device)
+        return _lightning(workload, model, batches, "auto", device, callbacks)
     if mode == "ort":
-        return _lightning(workload, model, batches, lightning_ort.ORTStrategy(**ort_options), device)
+        return _lightning(workload, model, batches, lightning_ort.ORTStrategy(**ort_options), device, callbacks)
     if mode == "ort_no_rewrites":  # the "before" of op_rewrites, side by side
         strategy = lightning_ort.ORTStrategy(**{**ort_options, "op_rewrites": False})
-        return _lightning(workload, model, batches, strategy, device)
+        return _lightning(workload, model, batches, strategy, device, callbacks)
     if mode == "ort_no_arena":  # torch kernels in ORT's graph allocate through malloc, as before memory_arena
         strategy = lightning_ort.ORTStrategy(**{**ort_options, "memory_arena": False})
-        return _lightning(workload, model, batches, strategy, device)
+        return _lightning(workload, model, batches, strategy, device, callbacks)
     if mode == "raw_ort":
         runtime = lightning_ort.ORTStrategy(**ort_options).runtime_options
         return _raw_ort(workload, model, batches, device, runtime)
     if mode == "compile":
-        return _lightning(workload, torch.compile(model), batches, "auto", device)
+        return _lightning(workload, torch.compile(model), batches, "auto", device, callbacks)
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")

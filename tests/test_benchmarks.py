@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,10 +53,11 @@ def test_operator_profile_runs_tiny() -> None:
 
 def test_lightning_overhead_runs_tiny() -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / "lightning_overhead.py"), "--size", "tiny"]
-    command += ["--workloads", "mlp", "--rounds", "1", "--steps", "2", "--warmup", "1"]
+    command += ["--workloads", "mlp", "--rounds", "1", "--steps", "2", "--warmup", "1", "--probe-steps", "3"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| mlp |" in result.stdout
+    assert re.search(r"the strategy and Lightning add -?\d+\.\d+ ms per step", result.stdout)
+    assert re.search(r"\| mlp \| .* \| [+-]\d+\.\d%", result.stdout)
 
 
 def test_same_process_comparison_runs_tiny() -> None:

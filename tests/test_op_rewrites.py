@@ -289,6 +289,30 @@ def test_linear_norm_and_activations_run_torch_kernels_and_match_eager(make_mode
     assert_states_match(eager, ort)
 
 
+class WeightVector(Classifier):
+    """``F.linear`` with a weight vector (in_features,): a score per position, its last dimension dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Parameter(torch.randn(8))
+        self.score_bias = nn.Parameter(torch.zeros(()))
+        self.gate = nn.Parameter(torch.randn(8))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(F.linear(x, self.score, self.score_bias), dim=1) * torch.sigmoid(F.linear(x, self.gate))
+        return self.head((x * weights.unsqueeze(-1)).sum(1))
+
+
+def test_linear_with_a_weight_vector_matches_eager() -> None:
+    """ORT's own MatMul gradient fails on a vector operand; the export keeps such a linear trainable."""
+    eager, ort, recorder = _fit_with_graph(WeightVector, sequence_loader)
+    assert_ort_ran(ort, STEPS)
+    assert ("ATen", "lightning_ort::linear") in recorder.nodes
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
 class MaskedRelu(Classifier):
     """ReLU of -inf (masked scores): 0 in eager PyTorch, and so through ORT."""
 

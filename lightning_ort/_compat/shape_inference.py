@@ -12,33 +12,152 @@ with the feature map's height and width.
 Here every dimension the inference merged or broadcast against a different one is made unknown in
 the graph's annotations. ORT's gradient builder then computes the broadcast at run time
 (``BroadcastGradientArgs``), which is always right, and dimensions that no assumption touched keep
-their static handling.
+their static handling. Two kinds of merge assume nothing and keep their symbols: a symbol with
+itself, and ``Min(k, s)`` with ``s`` (a fixed-size buffer sliced to a sequence length).
+
+The inference is also given the output shapes of lightning_ort's ATen operators, so that the symbols
+of the graph's inputs reach the residual connections around them: ORT's gradient builder then
+passes such an Add's gradient on as it is instead of summing it back at run time.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import onnx
+import sympy
+from onnx import helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, is_literal
+
+Shape = list[Any]  # ints and symbol names; None where unknown
+
+
+def _same_as_input(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    return shapes[0]
+
+
+def _linear(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    input, weight = shapes[0], shapes[1]  # weight: (out_features, in_features), or (in_features,)
+    if input is None or weight is None or len(weight) not in (1, 2):
+        return None
+    return input[:-1] + weight[:-1]
+
+
+def _attention(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    query, key, value = shapes[:3]
+    transposed = flags[6]  # (batch, length, heads, dim) rather than (batch, heads, length, dim)
+    if query is None or key is None or value is None or transposed is None:
+        return None
+    if not len(query) == len(key) == len(value):
+        return None
+    length = len(query) - (3 if bool(transposed) else 2)
+    batch = [index for index in range(len(query) - 1) if index != length]
+    if any(not query[index] == key[index] == value[index] for index in batch):  # broadcast batches: unknown
+        return None
+    return query[:-1] + value[-1:]
+
+
+def _matmul(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    self, other = shapes[0], shapes[1]
+    transpose_self, transpose_other = flags[2], flags[3]
+    if self is None or other is None or transpose_self is None or transpose_other is None:
+        return None
+    if len(self) != len(other):  # batch dimensions that broadcast: left unknown
+        return None
+    rows = self[-1] if bool(transpose_self) else self[-2]
+    columns = other[-2] if bool(transpose_other) else other[-1]
+    batch = [dim if dim == other_dim else None for dim, other_dim in zip(self[:-2], other[:-2], strict=True)]
+    return [*batch, rows, columns]
+
+
+# Output 0 of lightning_ort's ATen operators (csrc/aten_ops.cc) from their inputs' shapes (and
+# constant inputs, ``flags``). Without them ORT's inference gives the outputs new symbols, which meet
+# the graph's own in the next broadcast (a residual connection's Add) and are made unknown there
+# (below); the gradient graph then sums such an Add's gradients at run time (a ReduceSum copy each)
+# even where nothing broadcasts.
+_OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None]] = {
+    "lightning_ort::linear": _linear,
+    "lightning_ort::linear_bias": _linear,
+    "lightning_ort::relu": _same_as_input,
+    "lightning_ort::gelu": _same_as_input,
+    "lightning_ort::softmax": _same_as_input,
+    "lightning_ort::layer_norm": _same_as_input,
+    "lightning_ort::batch_norm": _same_as_input,
+    "lightning_ort::attention": _attention,
+    "lightning_ort::matmul": _matmul,
+}
 
 
 class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
-    """ORT's inference, recording the symbols it assumed equal to another dimension."""
+    """ORT's inference, recording the symbols it assumed equal to another dimension, and knowing the
+    output shapes of lightning_ort's ATen operators."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.assumed: set[str] = set()
+        for operator, output_shape in _OUTPUT_SHAPES.items():
+            self.aten_op_dispatcher_[operator] = functools.partial(self._infer_lightning_ort, output_shape)
+
+    def _infer_lightning_ort(
+        self, output_shape: Callable[[list[Shape | None], list[Any]], Shape | None], node: onnx.NodeProto
+    ) -> None:
+        """Output 0's shape from ``output_shape``; new symbols for its dimensions not known and for
+        the other outputs (as ORT's inference gives any operator it does not know)."""
+        inputs = [self._try_get_shape(node, index) for index in range(len(node.input))]
+        flags = [self._try_get_value(node, index) for index in range(len(node.input))]
+        for index, name in enumerate(node.output):
+            info = self.known_vi_.get(name) if name else None
+            if info is None:
+                continue
+            tensor_type = info.type.tensor_type
+            shape = output_shape(inputs, flags) if index == 0 else None
+            if shape is None:  # the rank the exporter gave, else input 0's (ORT's guess for any operator)
+                if tensor_type.HasField("shape"):
+                    shape = [None] * len(tensor_type.shape.dim)
+                elif inputs[0] is not None:
+                    shape = [None] * len(inputs[0])
+                else:
+                    continue
+            fresh = self._new_symbolic_shape(len(shape), node, index)
+            dims = [str(new) if dim is None else dim for dim, new in zip(shape, fresh, strict=True)]
+            elem_type = tensor_type.elem_type or self.known_vi_[node.input[0]].type.tensor_type.elem_type
+            info.CopyFrom(helper.make_tensor_value_info(name, elem_type, dims))
 
     def _add_suggested_merge(self, symbols: Any, apply: bool = False) -> Any:
-        self.assumed.update(str(symbol) for symbol in symbols if not is_literal(symbol))
+        self.assumed.update(_assumed(symbols))
         return super()._add_suggested_merge(symbols, apply)
 
     def _broadcast_shapes(self, shape1: list[Any], shape2: list[Any]) -> list[Any]:
         for dim1, dim2 in zip(reversed(shape1), reversed(shape2), strict=False):  # ranks may differ
-            if dim1 != dim2 and 1 not in (dim1, dim2):
-                self.assumed.update(str(dim) for dim in (dim1, dim2) if not is_literal(dim))
+            if 1 not in (dim1, dim2):
+                self.assumed.update(_assumed([dim1, dim2]))
         return super()._broadcast_shapes(shape1, shape2)
+
+
+def _assumed(dims: list[Any]) -> set[str]:
+    """The symbols among ``dims`` that taking ``dims`` to be equal assumes something about."""
+    distinct = {str(dim) for dim in dims}
+    if len(distinct) < 2 or (len(distinct) == 2 and _equal_where_valid(*distinct)):
+        return set()
+    return {str(dim) for dim in dims if not is_literal(dim)}
+
+
+def _equal_where_valid(first: str, second: str) -> bool:
+    """Whether two dimensions can only differ where broadcasting them fails anyway (an error, not a
+    wrong gradient): ``Min(k, s)`` and ``s`` with k >= 2, a slice ``[:s]`` of a fixed size k (the
+    positional embeddings or causal mask of a GPT cut to the sequence length). When s > k, neither is 1."""
+    try:
+        expressions = sympy.sympify(first), sympy.sympify(second)
+    except (sympy.SympifyError, TypeError, SyntaxError):
+        return False
+    for minimum, other in (expressions, expressions[::-1]):
+        if isinstance(minimum, sympy.Min) and len(minimum.args) == 2 and other in minimum.args:
+            (bound,) = [arg for arg in minimum.args if arg != other]
+            if bound.is_Integer and int(bound) >= 2:
+                return True
+    return False
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

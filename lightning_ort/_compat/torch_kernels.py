@@ -92,6 +92,16 @@ def _convolution_mode(
 
 
 def _linear(g: Any, input: Any, weight: Any, bias: Any) -> Any:
+    weight_rank = symbolic_helper._get_tensor_rank(weight)
+    if weight_rank == 1:  # F.linear(x, w) with w of shape (in_features,): x @ w, the last dim dropped
+        rows = symbolic_helper._unsqueeze_helper(g, weight, [0])
+        rows.setType(weight.type().with_sizes([1, None]))
+        output = symbolic_helper._squeeze_helper(g, _linear(g, input, rows, _none(g)), [-1])
+        return output if _absent(bias) else g.op("Add", output, bias)
+    if weight_rank != 2:
+        from torch.onnx._internal.torchscript_exporter import symbolic_opset9
+
+        return symbolic_opset9.linear(g, input, weight, bias)
     if _absent(bias):
         output = g.op(ATEN, input, weight, operator_s=_LINEAR)
     else:
