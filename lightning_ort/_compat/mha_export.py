@@ -9,7 +9,8 @@ length is exported as a constant and ORT's graph fails at the next length.
 During ORT's export lightning_ort therefore traces :func:`multi_head_attention_forward` below for
 the common case (no ``bias_k``/``bias_v``, no ``add_zero_attn``, no ``static_k``/``static_v``, as
 ``nn.TransformerEncoderLayer`` and most models use it): torch 2.13's own steps for that case, with
-every length taken from the inputs' shapes, the packed q/k/v split by ``chunk``, and (without
+every length taken from the inputs' shapes, the packed q/k/v taken apart by index (one copy for all
+three, unbind.py), and (without
 ``need_weights``) the heads laid out batch-major so that the export holds no transposes. Same
 kernels and values as torch's, up to the summation order of the projections' weight gradients;
 other calls run torch's own function.
@@ -31,13 +32,13 @@ def _in_projection_packed(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     embed_dim = q.size(-1)
     if k is v and q is k:  # self-attention
-        q_proj, k_proj, v_proj = F.linear(q, w, b).chunk(3, dim=-1)
-        return q_proj.contiguous(), k_proj.contiguous(), v_proj.contiguous()
+        packed = F.linear(q, w, b).reshape(*q.shape[:-1], 3, embed_dim)
+        return packed[..., 0, :].contiguous(), packed[..., 1, :].contiguous(), packed[..., 2, :].contiguous()
     if k is v:  # encoder-decoder attention
         w_q, w_kv = w.split([embed_dim, embed_dim * 2])
         b_q, b_kv = (None, None) if b is None else b.split([embed_dim, embed_dim * 2])
-        k_proj, v_proj = F.linear(k, w_kv, b_kv).chunk(2, dim=-1)
-        return F.linear(q, w_q, b_q), k_proj.contiguous(), v_proj.contiguous()
+        packed = F.linear(k, w_kv, b_kv).reshape(*k.shape[:-1], 2, embed_dim)
+        return F.linear(q, w_q, b_q), packed[..., 0, :].contiguous(), packed[..., 1, :].contiguous()
     w_q, w_k, w_v = w.chunk(3)
     b_q, b_k, b_v = (None, None, None) if b is None else b.chunk(3)
     return F.linear(q, w_q, b_q), F.linear(k, w_k, b_k), F.linear(v, w_v, b_v)

@@ -15,6 +15,7 @@ from lightning_ort._compat.gradient_overloads import choose_overloads
 from lightning_ort._compat.memory_arena import arena_scope
 from lightning_ort._compat.mha_export import dynamic_attention_shapes
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
+from lightning_ort._compat.unbind import fuse_unbinds
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ OP_REWRITES_ATTR = "_lightning_ort_op_rewrites"
 EXPORT_CACHE_ATTR = "_lightning_ort_export_cache"
 # Set on ORT's execution managers whose graphs should hold convolution activations channels-last.
 CHANNELS_LAST_ATTR = "_lightning_ort_channels_last"
+# Set on ORT's execution managers whose graphs should split packed q/k/v projections with unbind.py.
+UNBIND_ATTR = "_lightning_ort_unbind"
 # Set on ORT's execution managers (and copied to their agents) whose graph runs use memory_arena.py.
 MEMORY_ARENA_ATTR = "_lightning_ort_memory_arena"
 
@@ -65,8 +68,9 @@ def _wrap_export() -> None:
 
 
 def _prepare_graph_builder_input() -> None:
-    """Each time ORT (re)builds its graphs: mark lightning_ort's nodes whose inputs need no gradient,
-    and give symbolic dimensions names ORT's memory inspector can parse."""
+    """Each time ORT (re)builds its graphs: rewrite them (channels-last layers, packed q/k/v splits),
+    mark lightning_ort's nodes whose inputs need no gradient, and give symbolic dimensions names
+    ORT's memory inspector can parse."""
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
 
     original = GraphExecutionManager._initialize_graph_builder
@@ -75,6 +79,8 @@ def _prepare_graph_builder_input() -> None:
     def _initialize_graph_builder(self: Any, info: Any) -> Any:
         if getattr(self, CHANNELS_LAST_ATTR, False):
             to_channels_last(info._post_export_processed_model)
+        if getattr(self, UNBIND_ATTR, False):
+            fuse_unbinds(info._post_export_processed_model)
         choose_overloads(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
         sanitize_dim_names(info._post_export_processed_model)
         return original(self, info)
@@ -249,6 +255,7 @@ def install() -> None:
         detach,
         op_rewrites,
         split_gradients,
+        unbind,
     )
 
     attention.register()
@@ -258,6 +265,7 @@ def install() -> None:
     detach.register()
     split_gradients.register()
     op_rewrites.register_gradients()
+    unbind.register_gradients()
     _wrap_export()
     _wrap_session_config()
     _graph_runs_in_memory_arena()

@@ -21,6 +21,7 @@ from lightning_ort._compat.patches import (
     OP_REWRITES_ATTR,
     PROFILE_PREFIX_ATTR,
     SESSION_ENTRIES_ATTR,
+    UNBIND_ATTR,
 )
 
 
@@ -124,6 +125,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
         setattr(manager, PROFILE_PREFIX_ATTR, options.profile_file_prefix)
         setattr(manager, CHANNELS_LAST_ATTR, rewrites and options.channels_last)
+        setattr(manager, UNBIND_ATTR, rewrites)
         setattr(manager, MEMORY_ARENA_ATTR, arena)
     return ort_module
 

@@ -1,0 +1,114 @@
+"""Packed q/k/v projections taken apart by one ``lightning_ort::unbind*`` node (unbind.py) train like eager."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lightning_ort import _compat
+from lightning_ort.callbacks import ONNXGraphDump
+
+
+class PackedHeads(Base):
+    """nanoGPT-style attention: one projection for q, k and v, taken apart after a permute."""
+
+    lr = 0.01
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.parts = 2 if kind == "kv" else 3
+        self.packed = nn.Linear(16, 16 * self.parts)
+        self.query = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        packed = self.packed(x).view(batch, length, self.parts, 4, 4).permute(2, 0, 3, 1, 4)
+        if self.kind == "qkv":
+            q, k, v = packed[0], packed[1], packed[2]
+        elif self.kind == "negative-index":
+            q, k, v = packed[-3], packed[-2], packed[-1]
+        elif self.kind == "detached-key":
+            q, k, v = packed[0], packed[1].detach(), packed[2]
+        elif self.kind == "kv":
+            q = self.query(x).view(batch, length, 4, 4).transpose(1, 2)
+            k, v = packed[0], packed[1]
+        else:  # "partial": the key comes from elsewhere, so the packed tensor is not taken apart whole
+            q, v = packed[0], packed[2]
+            k = self.query(x).view(batch, length, 4, 4).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, length, 16)
+        return self.head(out.mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class CrossAttention(Base):
+    """nn.MultiheadAttention over a memory (key is value): the packed key/value projection."""
+
+    lr = 0.01
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memory = nn.Linear(16, 16)
+        self.attention = nn.MultiheadAttention(16, 4, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        memory = self.memory(x.flip(1))
+        out, _ = self.attention(x, memory, memory, need_weights=False)
+        return self.head(out.mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def sequences() -> DataLoader:
+    """Batches of varying size and length."""
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(batch, length, 16, generator=g), torch.randint(0, 3, (batch,), generator=g))
+        for batch, length in [(4, 8), (2, 5), (4, 8), (3, 1), (4, 12), (1, 6)]
+    ]
+    return DataLoader(batches, batch_size=None)
+
+
+def training_operators(directory: Path) -> list[str]:
+    model = onnx.load(str(directory / "forward.training.4_optimized.onnx"))
+    return [_compat.aten_operator(node) or node.op_type for node in model.graph.node]
+
+
+@pytest.mark.parametrize(
+    ("make_model", "unbind"),
+    [
+        (lambda: PackedHeads("qkv"), "lightning_ort::unbind3"),
+        (lambda: PackedHeads("negative-index"), "lightning_ort::unbind3"),
+        (lambda: PackedHeads("detached-key"), "lightning_ort::unbind3"),
+        (lambda: PackedHeads("kv"), "lightning_ort::unbind2"),
+        (lambda: PackedHeads("partial"), None),
+        (CrossAttention, "lightning_ort::unbind2"),
+    ],
+    ids=["qkv", "negative-index", "detached-key", "kv", "partial", "cross-attention"],
+)
+def test_packed_projection_is_taken_apart_in_one_node(make_model: Any, unbind: str | None, tmp_path: Path) -> None:
+    dump = ONNXGraphDump(dirpath=tmp_path, stages=["optimized"])
+    eager, ort = fit_both(make_model, sequences, 6, callbacks=[dump])
+    assert_ort_ran(ort, 6)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    operators = training_operators(tmp_path)
+    if unbind is None:
+        assert not any(operator.startswith("lightning_ort::unbind") for operator in operators)
+    else:
+        assert operators.count(unbind) == 1 and operators.count(f"{unbind}_backward") == 1, operators
+        assert "Split" not in operators and "Concat" not in operators, operators
