@@ -100,11 +100,11 @@ def torch_kernels_only() -> nn.Module:
 class TinyUNet(nn.Module):
     """A U-Net level: a skip connection concatenated (channels) with the upsampled deeper features."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "nearest") -> None:
         super().__init__()
         self.down = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
         self.deeper = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
-        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.up = nn.Upsample(scale_factor=2, mode=mode)
         self.merge = nn.Sequential(nn.Conv2d(24, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -220,6 +220,7 @@ def _fit(
 
 CNN_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
 UNET_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "upsample_nearest2d"]
+BILINEAR_UNET_LAYERS = ["convolution", "convolution_bias", "batch_norm", "max_pool2d", "upsample_bilinear2d"]
 CONVNEXT_LAYERS = ["convolution_bias", "adaptive_avg_pool2d"]
 GROUP_NORM_LAYERS = ["convolution_bias", "group_norm", "adaptive_avg_pool2d"]
 
@@ -231,10 +232,11 @@ GROUP_NORM_LAYERS = ["convolution_bias", "group_norm", "adaptive_avg_pool2d"]
         (resnet_like, CNN_LAYERS),
         (frozen_stem, CNN_LAYERS),
         (TinyUNet, UNET_LAYERS),
+        (lambda: TinyUNet("bilinear"), BILINEAR_UNET_LAYERS),
         (convnext_like, CONVNEXT_LAYERS),
         (group_norm_net, GROUP_NORM_LAYERS),
     ],
-    ids=["torch-kernels", "resnet-like", "frozen-stem", "u-net", "convnext", "group-norm"],
+    ids=["torch-kernels", "resnet-like", "frozen-stem", "u-net", "bilinear-u-net", "convnext", "group-norm"],
 )
 def test_channels_last_trains_like_eager_in_channels_last_memory(make_body: Any, layers: list[str]) -> None:
     eager, ort, recorder = _fit(make_body, torch.channels_last)

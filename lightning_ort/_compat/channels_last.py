@@ -5,7 +5,7 @@ torch's CPU kernels for convolutions, BatchNorm and pooling run 1.1-5x faster on
 tensors have no strides: a graph holds whatever shape it is given, contiguously. So after the export,
 :func:`to_channels_last` rewrites the forward graph (ORT differentiates the result):
 
-- the 2-D convolutions, BatchNorms, GroupNorms, poolings and nearest-neighbour upsamplings that run
+- the 2-D convolutions, BatchNorms, GroupNorms, poolings and nearest and bilinear upsamplings that run
   torch's kernels take and return (N, H, W, C) tensors (the ``*_nhwc`` operators of
   ``csrc/channels_last_ops.cc``, which see them as channels-last (N, C, H, W) views);
 - element-wise nodes between them (activations, residual additions, dropout) work on those tensors
@@ -38,7 +38,8 @@ NHWC_FORMS = {
     "max_pool2d_with_indices": ("lightning_ort::max_pool2d_nhwc", (0, 1)),  # ORT's symbolic
     "avg_pool2d": ("lightning_ort::avg_pool2d_nhwc", (0,)),  # ORT's symbolic
     "_adaptive_avg_pool2d": ("lightning_ort::adaptive_avg_pool2d_nhwc", (0,)),  # ORT's symbolic
-    "upsample_nearest2d": ("lightning_ort::upsample_nearest2d_nhwc", (0,)),  # ORT's symbolic (overload "vec")
+    "lightning_ort::upsample_nearest": ("lightning_ort::upsample_nearest2d_nhwc", (0,)),  # upsample.py
+    "lightning_ort::upsample_linear": ("lightning_ort::upsample_bilinear2d_nhwc", (0,)),  # upsample.py
     "native_group_norm": ("lightning_ort::group_norm_nhwc", (0,)),  # ORT's symbolic
 }
 # Nodes whose every output is computed element by element from their inputs (with broadcasting)
@@ -48,8 +49,6 @@ ELEMENTWISE = {
     "Tanh", "Where",
 }  # fmt: skip
 ELEMENTWISE_OPERATORS = {"lightning_ort::relu", "lightning_ort::gelu"}
-# the overload of torch's operator that ORT's symbolic emits, where not the plain one
-_TORCH_OVERLOADS = {"upsample_nearest2d": "vec"}
 
 
 def to_channels_last(model: onnx.ModelProto) -> int:
@@ -265,7 +264,7 @@ def _nhwc_form(node: onnx.NodeProto) -> tuple[str, tuple[int, ...]] | None:
     if operator is None:
         return None
     overload = next((a.s.decode() for a in node.attribute if a.name == "overload_name"), "")
-    if not operator.startswith("lightning_ort::") and overload != _TORCH_OVERLOADS.get(operator, ""):
+    if not operator.startswith("lightning_ort::") and overload:
         return None  # another overload of one of torch's operators
     return NHWC_FORMS.get(operator)
 
@@ -305,3 +304,6 @@ def register_gradients() -> None:
                       ["GI(0)", "GI(1)", "GI(2)"])  # fmt: skip
     register_simple_gradient("lightning_ort::upsample_nearest2d_nhwc",
                              "lightning_ort::upsample_nearest2d_nhwc_backward", ["GO(0)", "I(0)", "I(2)"])  # fmt: skip
+    register_simple_gradient("lightning_ort::upsample_bilinear2d_nhwc",
+                             "lightning_ort::upsample_bilinear2d_nhwc_backward",
+                             ["GO(0)", "I(0)", "I(2)", "I(3)"])  # fmt: skip

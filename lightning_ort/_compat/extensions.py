@@ -189,12 +189,12 @@ _aten_ops_path: Path | None = None
 def aten_ops_sources() -> list[Path]:
     """lightning_ort's C++ sources of the ``lightning_ort::*`` operators ORT graphs run and of their
     memory arena (package data)."""
-    names = ("aten_ops.cc", "channels_last_ops.cc", "memory_arena.cc", "unbind_ops.cc")
+    names = ("aten_ops.cc", "channels_last_ops.cc", "memory_arena.cc", "unbind_ops.cc", "upsample_ops.cc")
     return [Path(__file__).parent / "csrc" / name for name in names]
 
 
 def _aten_ops_headers() -> list[Path]:
-    return [Path(__file__).parent / "csrc" / "overloads.h"]
+    return [Path(__file__).parent / "csrc" / name for name in ("overloads.h", "scales.h")]
 
 
 def load_aten_ops(verbose: bool = False) -> Path:

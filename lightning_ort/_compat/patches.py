@@ -16,6 +16,7 @@ from lightning_ort._compat.memory_arena import arena_scope
 from lightning_ort._compat.mha_export import dynamic_attention_shapes
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
 from lightning_ort._compat.unbind import fuse_unbinds
+from lightning_ort._compat.upsample import exact_upsampling
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def _wrap_export() -> None:
             export_cache(directory, kwargs["logger"]) as results,
             guarded_export(module),
             dynamic_attention_shapes(),
+            exact_upsampling(),
             rewritten_symbolics(rewrites, kwargs["onnx_opset_version"]),
         ):
             results.append(original(*args, **kwargs))
@@ -256,6 +258,7 @@ def install() -> None:
         op_rewrites,
         split_gradients,
         unbind,
+        upsample,
     )
 
     attention.register()
@@ -266,6 +269,7 @@ def install() -> None:
     split_gradients.register()
     op_rewrites.register_gradients()
     unbind.register_gradients()
+    upsample.register()
     _wrap_export()
     _wrap_session_config()
     _graph_runs_in_memory_arena()

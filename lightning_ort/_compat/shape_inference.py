@@ -31,6 +31,8 @@ import sympy
 from onnx import helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, is_literal
 
+from lightning_ort._compat import upsample
+
 Shape = list[Any]  # ints and symbol names; None where unknown
 
 
@@ -99,6 +101,8 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
         self.assumed: set[str] = set()
         for operator, output_shape in _OUTPUT_SHAPES.items():
             self.aten_op_dispatcher_[operator] = functools.partial(self._infer_lightning_ort, output_shape)
+        for operator in upsample.OPERATORS:  # batch and channels kept, new spatial sizes
+            self.aten_op_dispatcher_.setdefault(operator, self._infer_aten_upsample)
 
     def _infer_lightning_ort(
         self, output_shape: Callable[[list[Shape | None], list[Any]], Shape | None], node: onnx.NodeProto

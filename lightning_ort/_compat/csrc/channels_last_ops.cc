@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "overloads.h"
+#include "scales.h"
 
 namespace {
 
@@ -125,23 +126,36 @@ Grads group_norm_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, 
   return {nhwc(grad_input), grad_weight, grad_bias};
 }
 
-// nearest-neighbour upsampling (nn.Upsample, F.interpolate): `scale_factors` as the export gives them
+// nearest-neighbour and bilinear upsampling (nn.Upsample, F.interpolate), with upsample_ops.cc's
+// float64 scale factors; gradients with the forward's scales, sizes read from the tensors
 at::Tensor upsample_nearest2d_nhwc(const at::Tensor& input, at::OptionalIntArrayRef output_size,
-                                   c10::optional<at::ArrayRef<double>> scale_factors) {
-  return nhwc(at::upsample_nearest2d(nchw_view(input), output_size, scale_factors));
+                                   const c10::optional<at::Tensor>& scale_factors) {
+  auto scales = lightning_ort::to_scales(scale_factors);
+  return nhwc(at::upsample_nearest2d(nchw_view(input), output_size, lightning_ort::as_ref(scales)));
 }
 
-// the gradient with the scales eager autograd keeps, sizes read from the tensors
 at::Tensor upsample_nearest2d_nhwc_backward(const at::Tensor& grad, const at::Tensor& input,
-                                            c10::optional<at::ArrayRef<double>> scale_factors) {
-  c10::optional<double> scale_h, scale_w;
-  if (scale_factors.has_value()) {
-    scale_h = (*scale_factors)[0];
-    scale_w = (*scale_factors)[1];
-  }
+                                            const c10::optional<at::Tensor>& scale_factors) {
+  auto scales = lightning_ort::to_scales(scale_factors);
   auto grad_nchw = nchw_view(grad);
   return nhwc(at::upsample_nearest2d_backward(grad_nchw, {grad_nchw.size(2), grad_nchw.size(3)},
-                                              nchw_view(input).sizes(), scale_h, scale_w));
+                                              nchw_view(input).sizes(), lightning_ort::scale(scales, 0),
+                                              lightning_ort::scale(scales, 1)));
+}
+
+at::Tensor upsample_bilinear2d_nhwc(const at::Tensor& input, at::OptionalIntArrayRef output_size, bool align_corners,
+                                    const c10::optional<at::Tensor>& scale_factors) {
+  auto scales = lightning_ort::to_scales(scale_factors);
+  return nhwc(at::upsample_bilinear2d(nchw_view(input), output_size, align_corners, lightning_ort::as_ref(scales)));
+}
+
+at::Tensor upsample_bilinear2d_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, bool align_corners,
+                                             const c10::optional<at::Tensor>& scale_factors) {
+  auto scales = lightning_ort::to_scales(scale_factors);
+  auto grad_nchw = nchw_view(grad);
+  return nhwc(at::upsample_bilinear2d_backward(grad_nchw, {grad_nchw.size(2), grad_nchw.size(3)},
+                                               nchw_view(input).sizes(), align_corners,
+                                               lightning_ort::scale(scales, 0), lightning_ort::scale(scales, 1)));
 }
 
 }  // namespace
@@ -176,8 +190,16 @@ TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   m.def("avg_pool2d_nhwc_backward(Tensor grad, Tensor input, " AVG_POOL ") -> Tensor", &avg_pool2d_nhwc_backward);
   m.def("adaptive_avg_pool2d_nhwc(Tensor input, int[] output_size) -> Tensor", &adaptive_avg_pool2d_nhwc);
   m.def("adaptive_avg_pool2d_nhwc_backward(Tensor grad, Tensor input) -> Tensor", &adaptive_avg_pool2d_nhwc_backward);
-  m.def("upsample_nearest2d_nhwc(Tensor input, int[]? output_size, float[]? scale_factors) -> Tensor",
+  m.def("upsample_nearest2d_nhwc(Tensor input, int[]? output_size, Tensor? scale_factors) -> Tensor",
         &upsample_nearest2d_nhwc);
-  m.def("upsample_nearest2d_nhwc_backward(Tensor grad, Tensor input, float[]? scale_factors) -> Tensor",
+  m.def("upsample_nearest2d_nhwc_backward(Tensor grad, Tensor input, Tensor? scale_factors) -> Tensor",
         &upsample_nearest2d_nhwc_backward);
+  m.def(
+      "upsample_bilinear2d_nhwc(Tensor input, int[]? output_size, bool align_corners, Tensor? scale_factors) -> "
+      "Tensor",
+      &upsample_bilinear2d_nhwc);
+  m.def(
+      "upsample_bilinear2d_nhwc_backward(Tensor grad, Tensor input, bool align_corners, Tensor? scale_factors) -> "
+      "Tensor",
+      &upsample_bilinear2d_nhwc_backward);
 }
