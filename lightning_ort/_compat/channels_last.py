@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 import onnx
 
+from lightning_ort._compat import activations
 from lightning_ort._compat.batchnorm import register_batch_norm_gradient
 from lightning_ort._compat.gradient_overloads import aten_operator, register_gradient, register_simple_gradient
 from lightning_ort._compat.torch_kernels import register_convolution_gradients
@@ -48,7 +49,7 @@ ELEMENTWISE = {
     "LeakyRelu", "Log", "Max", "Min", "Mul", "Neg", "Pow", "Relu", "Selu", "Sigmoid", "Softplus", "Sqrt", "Sub",
     "Tanh", "Where",
 }  # fmt: skip
-ELEMENTWISE_OPERATORS = {"lightning_ort::relu", "lightning_ort::gelu"}
+ELEMENTWISE_OPERATORS = {"lightning_ort::relu", "lightning_ort::gelu", *activations.OPERATORS}
 
 
 def to_channels_last(model: onnx.ModelProto) -> int:

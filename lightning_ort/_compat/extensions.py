@@ -189,7 +189,14 @@ _aten_ops_path: Path | None = None
 def aten_ops_sources() -> list[Path]:
     """lightning_ort's C++ sources of the ``lightning_ort::*`` operators ORT graphs run and of their
     memory arena (package data)."""
-    names = ("aten_ops.cc", "channels_last_ops.cc", "memory_arena.cc", "unbind_ops.cc", "upsample_ops.cc")
+    names = (
+        "aten_ops.cc",
+        "channels_last_ops.cc",
+        "memory_arena.cc",
+        "unbind_ops.cc",
+        "upsample_ops.cc",
+        "activation_ops.cc",
+    )
     return [Path(__file__).parent / "csrc" / name for name in names]
 
 

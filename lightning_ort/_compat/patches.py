@@ -250,6 +250,7 @@ def _stream_suppression_without_file_descriptors() -> None:
 def install() -> None:
     """Install all hooks (called once by the loader)."""
     from lightning_ort._compat import (
+        activations,
         attention,
         batchnorm,
         channels_last,
@@ -262,6 +263,7 @@ def install() -> None:
     )
 
     attention.register()
+    activations.register()
     channels_last.register_gradients()
     batchnorm.register()
     conv_padding.register()
