@@ -257,6 +257,7 @@ def install() -> None:
         conv_padding,
         detach,
         op_rewrites,
+        pad_shuffle,
         split_gradients,
         unbind,
         upsample,
@@ -264,6 +265,7 @@ def install() -> None:
 
     attention.register()
     activations.register()
+    pad_shuffle.register()
     channels_last.register_gradients()
     batchnorm.register()
     conv_padding.register()
