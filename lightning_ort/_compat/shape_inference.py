@@ -15,9 +15,10 @@ the graph's annotations. ORT's gradient builder then computes the broadcast at r
 their static handling. Two kinds of merge assume nothing and keep their symbols: a symbol with
 itself, and ``Min(k, s)`` with ``s`` (a fixed-size buffer sliced to a sequence length).
 
-The inference is also given the output shapes of lightning_ort's ATen operators, so that the symbols
-of the graph's inputs reach the residual connections around them: ORT's gradient builder then
-passes such an Add's gradient on as it is instead of summing it back at run time.
+The inference is also given the output shapes of lightning_ort's ATen operators (of its upsampling
+operators: the batch and channels kept), so that the symbols of the graph's inputs reach the
+residual connections around them: ORT's gradient builder then passes such an Add's gradient on as
+it is instead of summing it back at run time.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sympy
 from onnx import helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, is_literal
 
-from lightning_ort._compat import upsample
+from lightning_ort._compat import activations, upsample
 
 Shape = list[Any]  # ints and symbol names; None where unknown
 
@@ -89,6 +90,7 @@ _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None
     "lightning_ort::batch_norm": _same_as_input,
     "lightning_ort::attention": _attention,
     "lightning_ort::matmul": _matmul,
+    **{operator: _same_as_input for operator in activations.OPERATORS},
 }
 
 

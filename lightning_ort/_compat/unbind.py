@@ -3,11 +3,12 @@
 A packed projection is split into its parts in one of two exported forms:
 
 - ``qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)`` and ``q, k, v = qkv[0], qkv[1], qkv[2]`` (the GPT
-  example, nanoGPT-style code): a ``Transpose`` and a ``Slice`` + ``Squeeze`` per part, which ORT
-  turns into a ``Split`` followed by a ``Transpose`` of every part, and a ``Concat`` and
-  ``Transpose`` in the backward pass;
-- ``linear(x).chunk(3, dim=-1)`` (``nn.MultiheadAttention``): a ``Split`` of the last dimension, and
-  a ``Concat`` in the backward pass.
+  example, nanoGPT-style code), or the same indexing without the permute (``nn.MultiheadAttention``'s
+  packed in-projection as mha_export.py exports it): a ``Slice`` + ``Squeeze`` per part (and the
+  ``Transpose``), which ORT turns into a ``Split`` followed by a ``Transpose`` of every part, and a
+  ``Concat`` and ``Transpose`` in the backward pass;
+- ``linear(x).chunk(3, dim=-1)`` with sizes the export holds as constants: a ``Split`` of the last
+  dimension, and a ``Concat`` in the backward pass.
 
 ORT's ``Split``, ``Concat`` and ``Transpose`` run on one thread; together they cost 1.4 ms per GPT
 layer per step on 2 cores, and torch's parallel copies of the same data about a tenth of that (hot
