@@ -256,6 +256,7 @@ def install() -> None:
         channels_last,
         conv_padding,
         detach,
+        onnx_gradients,
         op_rewrites,
         pad_shuffle,
         split_gradients,
@@ -266,6 +267,7 @@ def install() -> None:
     attention.register()
     activations.register()
     pad_shuffle.register()
+    onnx_gradients.register()
     channels_last.register_gradients()
     batchnorm.register()
     conv_padding.register()

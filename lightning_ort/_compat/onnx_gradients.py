@@ -1,0 +1,53 @@
+"""Export forms and gradients for layers ORT 1.19.2 cannot train as torch exports them.
+
+- ``nn.RMSNorm`` / ``F.rms_norm``: torch's TorchScript exporter has no symbolic for it, so a model
+  with one could not be exported and fell back to PyTorch. It is exported as torch computes it
+  (``x * rsqrt(mean(x**2) + eps)`` in float32 or float64, then cast back and scaled by the
+  weight), in ONNX ops ORT differentiates.
+- ``cumsum``: ORT has no gradient for ``CumSum``; it is the reverse cumulative sum of the output's
+  gradient, given here (torch exports ``CumSum`` with ORT's defaults, forward and exclusive off).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _rms_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, eps: Any) -> Any:
+    shape = symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")
+    dtype = _type_utils.JitScalarType.from_value(input, _type_utils.JitScalarType.FLOAT).dtype()
+    compute = torch.float32 if dtype in _HALF else dtype  # torch's opmath type
+    if symbolic_helper._is_none(eps):
+        eps_value = torch.finfo(compute).eps
+    else:
+        eps_value = float(symbolic_helper._get_const(eps, "f", "eps"))
+    x = input
+    if compute != dtype:
+        x = g.op("Cast", input, to_i=_type_utils.JitScalarType.from_dtype(compute).onnx_type())
+    mean = g.op("ReduceMean", g.op("Mul", x, x), axes_i=list(range(-len(shape), 0)), keepdims_i=1)
+    added = g.op("Add", mean, g.op("Constant", value_t=torch.tensor(eps_value, dtype=compute)))
+    output = g.op("Mul", x, g.op("Reciprocal", g.op("Sqrt", added)))
+    if compute != dtype:
+        output = g.op("Cast", output, to_i=_type_utils.JitScalarType.from_dtype(dtype).onnx_type())
+    if not symbolic_helper._is_none(weight):
+        output = g.op("Mul", output, weight)
+    return output
+
+
+def _cumsum_gradient() -> list[Any]:
+    reverse = {"reverse": {"value": 1, "dtype": "int"}}
+    return [("CumSum", ["GO(0)", "I(1)"], ["GI(0)"], reverse)]
+
+
+def register() -> None:
+    """Register the symbolic and the gradient with ORT's registries (process-wide)."""
+    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    CustomOpSymbolicRegistry.register("rms_norm", "", _rms_norm)
+    CustomGradientRegistry.register("", "CumSum", (), _cumsum_gradient)

@@ -1,0 +1,54 @@
+"""nn.RMSNorm and cumsum train in ORT like eager (onnx_gradients.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+class LlamaBlock(Base):
+    """RMSNorm, a SwiGLU feed-forward and a residual, then a head over a cumulative sum of positions."""
+
+    lr = 0.01
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+        self.gate, self.up, self.down = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return self.head(x.cumsum(1)[:, -1] / x.shape[1])
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def sequences() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(batch, length, 8, generator=g), torch.randint(0, 3, (batch,), generator=g))
+        for batch, length in [(4, 6), (2, 9), (3, 1), (4, 6)]
+    ]
+    return DataLoader(batches, batch_size=None)
+
+
+@pytest.mark.parametrize(
+    "make_norm",
+    [lambda: nn.RMSNorm(8), lambda: nn.RMSNorm(8, eps=1e-3, elementwise_affine=False)],
+    ids=["rms-norm", "rms-norm-eps-no-weight"],
+)
+def test_rms_norm_and_cumsum_train_in_ort_like_eager(make_norm: Any) -> None:
+    eager, ort = fit_both(lambda: LlamaBlock(make_norm()), sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
