@@ -47,6 +47,16 @@ def mlp_loader(batch_size: int = 16, n: int = 320) -> DataLoader:
     )
 
 
+def sequence_batches(shapes: list[tuple[int, int]], features: int, seed: int = 0) -> DataLoader:
+    """(x, y) batches of the given (batch, length) sizes: x of ``features`` channels, y of 3 classes."""
+    g = torch.Generator().manual_seed(seed)
+    batches = [
+        (torch.randn(batch, length, features, generator=g), torch.randint(0, 3, (batch,), generator=g))
+        for batch, length in shapes
+    ]
+    return DataLoader(batches, batch_size=None)
+
+
 class CNN(Base):
     """Convolutions with BatchNorm (running statistics must follow eager) on ``image_size`` square images."""
 

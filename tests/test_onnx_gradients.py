@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base
+from models import Base, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -34,12 +34,7 @@ class LlamaBlock(Base):
 
 
 def sequences() -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    batches = [
-        (torch.randn(batch, length, 8, generator=g), torch.randint(0, 3, (batch,), generator=g))
-        for batch, length in [(4, 6), (2, 9), (3, 1), (4, 6)]
-    ]
-    return DataLoader(batches, batch_size=None)
+    return sequence_batches([(4, 6), (2, 9), (3, 1), (4, 6)], 8)
 
 
 @pytest.mark.parametrize(

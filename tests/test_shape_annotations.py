@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
 from model import GPT
-from models import Base
+from models import Base, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -109,12 +109,7 @@ class RealBroadcasts(Base):
 
 
 def sequences() -> DataLoader:
-    g = torch.Generator().manual_seed(2)
-    batches = [
-        (torch.randn(batch, length, 8, generator=g), torch.randint(0, 3, (batch,), generator=g))
-        for batch, length in [(4, 6), (1, 6), (3, 1), (4, 6), (2, 9), (1, 1)]
-    ]
-    return DataLoader(batches, batch_size=None)
+    return sequence_batches([(4, 6), (1, 6), (3, 1), (4, 6), (2, 9), (1, 1)], 8, seed=2)
 
 
 def test_broadcasts_after_torch_kernels_are_summed() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base
+from models import Base, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -75,12 +75,7 @@ class CrossAttention(Base):
 
 def sequences() -> DataLoader:
     """Batches of varying size and length."""
-    g = torch.Generator().manual_seed(0)
-    batches = [
-        (torch.randn(batch, length, 16, generator=g), torch.randint(0, 3, (batch,), generator=g))
-        for batch, length in [(4, 8), (2, 5), (4, 8), (3, 1), (4, 12), (1, 6)]
-    ]
-    return DataLoader(batches, batch_size=None)
+    return sequence_batches([(4, 8), (2, 5), (4, 8), (3, 1), (4, 12), (1, 6)], 16)
 
 
 def training_operators(directory: Path) -> list[str]:

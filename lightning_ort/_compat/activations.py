@@ -16,10 +16,12 @@ import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
 from lightning_ort._compat.gradient_overloads import register_simple_gradient
+from lightning_ort._compat.torch_kernels import aten_like
 
-ATEN = "org.pytorch.aten::ATen"
 # lightning_ort's operators here, element by element (channels_last.py keeps their layout)
 OPERATORS = tuple(f"lightning_ort::{name}" for name in ("hardswish", "hardsigmoid", "mish", "softplus", "elu", "selu"))
+# the forward's scalar arguments each backward takes after the output's gradient and the input
+_SCALAR_ARGUMENTS = {"lightning_ort::softplus": ["I(1)", "I(2)"], "lightning_ort::elu": ["I(1)", "I(2)", "I(3)"]}
 
 
 def _floats(g: Any, *values: float) -> list[Any]:
@@ -32,32 +34,24 @@ def _const(value: Any, name: str) -> float:
 
 def _unary(operator: str) -> Callable[..., Any]:
     def symbolic(g: Any, self: Any) -> Any:
-        output = g.op(ATEN, self, operator_s=operator)
-        output.setType(self.type())
-        return output
+        return aten_like(g, operator, self)
 
     return symbolic
 
 
 def _softplus(g: Any, self: Any, beta: Any, threshold: Any) -> Any:
     floats = _floats(g, _const(beta, "beta"), _const(threshold, "threshold"))
-    output = g.op(ATEN, self, *floats, operator_s="lightning_ort::softplus")
-    output.setType(self.type())
-    return output
+    return aten_like(g, "lightning_ort::softplus", self, *floats)
 
 
 def _elu(g: Any, self: Any, alpha: Any, scale: Any, input_scale: Any) -> Any:
     floats = _floats(g, _const(alpha, "alpha"), _const(scale, "scale"), _const(input_scale, "input_scale"))
-    output = g.op(ATEN, self, *floats, operator_s="lightning_ort::elu")
-    output.setType(self.type())
-    return output
+    return aten_like(g, "lightning_ort::elu", self, *floats)
 
 
 def _celu(g: Any, self: Any, alpha: Any) -> Any:
     value = _const(alpha, "alpha")
-    output = g.op(ATEN, self, *_floats(g, value, 1.0, 1.0 / value), operator_s="lightning_ort::elu")
-    output.setType(self.type())
-    return output
+    return aten_like(g, "lightning_ort::elu", self, *_floats(g, value, 1.0, 1.0 / value))
 
 
 def register() -> None:
@@ -70,5 +64,5 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("elu", "", _elu)
     CustomOpSymbolicRegistry.register("celu", "", _celu)
     for operator in OPERATORS:
-        arguments = {"lightning_ort::softplus": ["I(1)", "I(2)"], "lightning_ort::elu": ["I(1)", "I(2)", "I(3)"]}
-        register_simple_gradient(operator, f"{operator}_backward", ["GO(0)", "I(0)", *arguments.get(operator, [])])
+        inputs = ["GO(0)", "I(0)", *_SCALAR_ARGUMENTS.get(operator, [])]
+        register_simple_gradient(operator, f"{operator}_backward", inputs)

@@ -20,6 +20,7 @@ import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset14
 
 from lightning_ort._compat.gradient_overloads import register_gradient
+from lightning_ort._compat.torch_kernels import ATEN
 
 _BATCH_NORM = "lightning_ort::batch_norm"
 
@@ -46,7 +47,7 @@ def batch_norm_symbolic(
         g, input, weight, bias, running_mean, running_var
     )
     return g.op(
-        "org.pytorch.aten::ATen",
+        ATEN,
         input,
         weight,
         bias,

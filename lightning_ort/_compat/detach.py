@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_ort._compat.torch_kernels import ATEN
+
 
 def detach_symbolic(g: Any, input: Any) -> Any:
-    return g.op("org.pytorch.aten::ATen", input, operator_s="detach_copy")
+    return g.op(ATEN, input, operator_s="detach_copy")
 
 
 def register() -> None:

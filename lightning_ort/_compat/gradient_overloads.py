@@ -82,16 +82,21 @@ def register_gradient(operator: str, backward: str, inputs: list[str], grads: li
         CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, overload), _definition(node))
 
 
-def register_simple_gradient(operator: str, backward: str, inputs: list[str]) -> None:
-    """Register ``backward``, which returns the gradient of input 0 only, as ``operator``'s gradient."""
+def register_simple_gradient(
+    operator: str, backward: str, inputs: list[str], before: tuple[tuple[Any, ...], ...] = ()
+) -> None:
+    """Register ``backward``, which returns the gradient of input 0 only, as ``operator``'s gradient.
+
+    ``before`` are gradient-definition nodes computing some of ``inputs`` (the input's ``Shape``).
+    """
     from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
 
     node = aten_node(backward, inputs, ["GI(0)"])
-    CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, ""), _definition(node))
+    CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, ""), _definition(*before, node))
 
 
-def _definition(node: tuple[Any, ...]) -> Callable[[], list[Any]]:
-    return lambda: [node]
+def _definition(*nodes: tuple[Any, ...]) -> Callable[[], list[Any]]:
+    return lambda: list(nodes)
 
 
 def choose_overloads(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9, symbolic_opset13
 
 from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
-from lightning_ort._compat.torch_kernels import ATEN, transpose_source
+from lightning_ort._compat.torch_kernels import ATEN, aten_like, transpose_source
 
 _MATMUL = "lightning_ort::matmul"
 _SOFTMAX = "lightning_ort::softmax"
@@ -41,9 +41,7 @@ def _matmul(g: Any, self: Any, other: Any) -> Any:
 def _softmax(g: Any, input: Any, dim: Any, dtype: Any = None) -> Any:
     if dtype is not None and not symbolic_helper._is_none(dtype):  # a softmax that casts: ORT's
         return symbolic_opset13.softmax(g, input, dim, dtype)
-    output = g.op(ATEN, input, dim, operator_s=_SOFTMAX)
-    output.setType(input.type())
-    return output
+    return aten_like(g, _SOFTMAX, input, dim)
 
 
 def _masked_fill(g: Any, self: Any, mask: Any, value: Any) -> Any:

@@ -13,9 +13,9 @@ from typing import Any
 
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset11
 
-from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node
+from lightning_ort._compat.gradient_overloads import register_simple_gradient
+from lightning_ort._compat.torch_kernels import aten_like
 
-ATEN = "org.pytorch.aten::ATen"
 _PADS = {"reflect": "reflection_pad", "replicate": "replication_pad"}
 
 
@@ -25,31 +25,24 @@ def _pad(g: Any, input: Any, pad: Any, mode: Any, value: Any) -> Any:
     if mode_name not in _PADS or symbolic_helper._is_value(sizes) or len(sizes) not in (2, 4, 6):
         return symbolic_opset11.pad(g, input, pad, mode, value)
     operator = f"{_PADS[mode_name]}{len(sizes) // 2}d"
-    output = g.op(ATEN, input, pad, operator_s=operator)
-    output.setType(input.type().with_sizes([None] * symbolic_helper._get_tensor_rank(input)))
-    return output
+    return aten_like(g, operator, input, pad, same_sizes=False)
 
 
 def _shuffle(operator: str) -> Any:
     def symbolic(g: Any, input: Any, factor: Any) -> Any:
-        output = g.op(ATEN, input, factor, operator_s=operator)
-        output.setType(input.type().with_sizes([None] * symbolic_helper._get_tensor_rank(input)))
-        return output
+        return aten_like(g, operator, input, factor, same_sizes=False)
 
     return symbolic
 
 
 def register() -> None:
     """Register the symbolics and gradients with ORT's registries (process-wide)."""
-    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
     CustomOpSymbolicRegistry.register("pad", "", _pad)
     for operator, inverse in (("pixel_shuffle", "pixel_unshuffle"), ("pixel_unshuffle", "pixel_shuffle")):
         CustomOpSymbolicRegistry.register(operator, "", _shuffle(operator))
-        node = aten_node(inverse, ["GO(0)", "I(1)"], ["GI(0)"])
-        CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, ""), lambda node=node: [node])
+        register_simple_gradient(operator, inverse, ["GO(0)", "I(1)"])
     for kind in _PADS.values():
         for dims in (1, 2, 3):
-            node = aten_node(f"{kind}{dims}d_backward", ["GO(0)", "I(0)", "I(1)"], ["GI(0)"])
-            CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (f"{kind}{dims}d", ""), lambda node=node: [node])
+            register_simple_gradient(f"{kind}{dims}d", f"{kind}{dims}d_backward", ["GO(0)", "I(0)", "I(1)"])

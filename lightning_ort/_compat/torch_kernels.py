@@ -132,14 +132,19 @@ def _layer_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, bias: An
 
 def _gelu(g: Any, input: Any, approximate: Any = "none") -> Any:
     tanh = symbolic_helper._maybe_get_const(approximate, "s") == "tanh"
-    output = g.op(ATEN, input, g.op("Constant", value_t=torch.tensor(tanh)), operator_s=_GELU)
-    output.setType(input.type())
-    return output
+    return aten_like(g, _GELU, input, g.op("Constant", value_t=torch.tensor(tanh)))
 
 
 def _relu(g: Any, input: Any) -> Any:
-    output = g.op(ATEN, input, operator_s=_RELU)
-    output.setType(input.type())
+    return aten_like(g, _RELU, input)
+
+
+def aten_like(g: Any, operator: str, input: Any, *arguments: Any, same_sizes: bool = True) -> Any:
+    """One ATen node running ``operator`` on ``input`` and ``arguments``, whose output has ``input``'s
+    type and rank, and its sizes too when ``same_sizes``."""
+    output = g.op(ATEN, input, *arguments, operator_s=operator)
+    rank = symbolic_helper._get_tensor_rank(input)
+    output.setType(input.type() if same_sizes or rank is None else input.type().with_sizes([None] * rank))
     return output
 
 

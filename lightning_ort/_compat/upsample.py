@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
-from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node
+from lightning_ort._compat.gradient_overloads import register_simple_gradient
+from lightning_ort._compat.torch_kernels import aten_like
 
-ATEN = "org.pytorch.aten::ATen"
 # torch's operator -> lightning_ort's (which takes the input's rank as its dimensions)
 _NEAREST = {
     "upsample_nearest1d": "lightning_ort::upsample_nearest",
@@ -66,18 +66,15 @@ def _scales(g: Any, scale_factors: Any) -> Any:
 
 def _nearest_symbolic(operator: str) -> Callable[..., Any]:
     def symbolic(g: Any, input: Any, output_size: Any, scale_factors: Any) -> Any:
-        output = g.op(ATEN, input, output_size, _scales(g, scale_factors), operator_s=operator)
-        output.setType(input.type().with_sizes([None] * symbolic_helper._get_tensor_rank(input)))
-        return output
+        return aten_like(g, operator, input, output_size, _scales(g, scale_factors), same_sizes=False)
 
     return symbolic
 
 
 def _interpolating_symbolic(operator: str) -> Callable[..., Any]:
     def symbolic(g: Any, input: Any, output_size: Any, align_corners: Any, scale_factors: Any) -> Any:
-        output = g.op(ATEN, input, output_size, align_corners, _scales(g, scale_factors), operator_s=operator)
-        output.setType(input.type().with_sizes([None] * symbolic_helper._get_tensor_rank(input)))
-        return output
+        scales = _scales(g, scale_factors)
+        return aten_like(g, operator, input, output_size, align_corners, scales, same_sizes=False)
 
     return symbolic
 
@@ -86,9 +83,7 @@ def _operator_symbolic(operator: str) -> Callable[..., Any]:
     """lightning_ort's operator called by :func:`exact_upsampling`'s ``F.interpolate``, as the ATen node."""
 
     def symbolic(g: Any, input: Any, *arguments: Any) -> Any:
-        output = g.op(ATEN, input, *arguments, operator_s=operator)
-        output.setType(input.type().with_sizes([None] * symbolic_helper._get_tensor_rank(input)))
-        return output
+        return aten_like(g, operator, input, *arguments, same_sizes=False)
 
     return symbolic
 
@@ -151,13 +146,8 @@ def exact_upsampling() -> Iterator[None]:
 def _register_gradient(operator: str, arguments: list[str]) -> None:
     """The gradient of ``operator``: its ``_backward`` on the output's gradient, the input's sizes
     and the forward's ``arguments``."""
-    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
-
-    nodes = [
-        ("Shape", ["I(0)"], ["input_size"]),
-        aten_node(f"{operator}_backward", ["GO(0)", "input_size", *arguments], ["GI(0)"]),
-    ]
-    CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", (operator, ""), lambda: nodes)
+    input_size = ("Shape", ["I(0)"], ["input_size"])
+    register_simple_gradient(operator, f"{operator}_backward", ["GO(0)", "input_size", *arguments], (input_size,))
 
 
 def register() -> None:
