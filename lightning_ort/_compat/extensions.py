@@ -196,12 +196,14 @@ def aten_ops_sources() -> list[Path]:
         "unbind_ops.cc",
         "upsample_ops.cc",
         "activation_ops.cc",
+        "math_ops.cc",
+        "layer_ops.cc",
     )
     return [Path(__file__).parent / "csrc" / name for name in names]
 
 
 def _aten_ops_headers() -> list[Path]:
-    return [Path(__file__).parent / "csrc" / name for name in ("overloads.h", "scales.h")]
+    return [Path(__file__).parent / "csrc" / name for name in ("overloads.h", "scales.h", "autograd_vjp.h")]
 
 
 def load_aten_ops(verbose: bool = False) -> Path:

@@ -7,6 +7,7 @@ import functools
 import logging
 from typing import Any
 
+from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort._compat.channels_last import to_channels_last
 from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache
@@ -83,6 +84,7 @@ def _prepare_graph_builder_input() -> None:
             to_channels_last(info._post_export_processed_model)
         if getattr(self, UNBIND_ATTR, False):
             fuse_unbinds(info._post_export_processed_model)
+        split_bidirectional_rnns(info._post_export_processed_model)
         choose_overloads(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
         sanitize_dim_names(info._post_export_processed_model)
         return original(self, info)
@@ -256,6 +258,8 @@ def install() -> None:
         channels_last,
         conv_padding,
         detach,
+        layers,
+        math_ops,
         onnx_gradients,
         op_rewrites,
         pad_shuffle,
@@ -267,6 +271,8 @@ def install() -> None:
     attention.register()
     activations.register()
     pad_shuffle.register()
+    math_ops.register()
+    layers.register()
     onnx_gradients.register()
     channels_last.register_gradients()
     batchnorm.register()

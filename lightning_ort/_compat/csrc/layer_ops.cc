@@ -1,0 +1,102 @@
+// Layers ORT 1.19.2 cannot train (layers.py): PReLU, InstanceNorm and EmbeddingBag on torch's
+// kernels, with eager autograd's own gradients (autograd_vjp.h). PReLU and the affine
+// InstanceNorm have one overload per set of gradients a node needs (gradient_overloads.py).
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "autograd_vjp.h"
+#include "overloads.h"
+
+namespace {
+
+using lightning_ort::Grads;
+using lightning_ort::vjp;
+
+at::Tensor prelu(const at::Tensor& self, const at::Tensor& weight) { return at::prelu(self, weight); }
+
+template <bool kSelf, bool kWeight>
+std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const at::Tensor& self,
+                                                  const at::Tensor& weight) {
+  auto forward = [](const std::vector<at::Tensor>& inputs) { return at::prelu(inputs[0], inputs[1]); };
+  auto grads = vjp(forward, {self, weight}, {kSelf, kWeight}, grad);
+  return {grads[0], grads[1]};
+}
+
+at::Tensor instance_norm_of(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  return at::instance_norm(input, weight, bias, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1, eps,
+                           /*cudnn_enabled=*/false);
+}
+
+at::Tensor instance_norm(const at::Tensor& input, double eps) { return instance_norm_of(input, {}, {}, eps); }
+
+at::Tensor instance_norm_backward(const at::Tensor& grad, const at::Tensor& input, double eps) {
+  auto forward = [eps](const std::vector<at::Tensor>& inputs) { return instance_norm_of(inputs[0], {}, {}, eps); };
+  return vjp(forward, {input}, {true}, grad)[0];
+}
+
+at::Tensor instance_norm_affine(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                                double eps) {
+  return instance_norm_of(input, weight, bias, eps);
+}
+
+template <bool kInput, bool kWeight, bool kBias>
+Grads instance_norm_affine_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                                    const at::Tensor& bias, double eps) {
+  auto forward = [eps](const std::vector<at::Tensor>& inputs) {
+    return instance_norm_of(inputs[0], inputs[1], inputs[2], eps);
+  };
+  auto grads = vjp(forward, {input, weight, bias}, {kInput, kWeight, kBias}, grad);
+  return {grads[0], grads[1], grads[2]};
+}
+
+// Only the bags, as torch's own export: the operator's other outputs (offset2bag, bag_size,
+// max_indices) serve its backward, which recomputes them.
+at::Tensor embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets,
+                            bool scale_grad_by_freq, int64_t mode, bool include_last_offset, int64_t padding_idx) {
+  // -1 stands for no padding index (F.embedding_bag turns a negative one into its row number); torch's
+  // operator would take it for the last row
+  auto padding = padding_idx < 0 ? c10::nullopt : c10::optional<int64_t>(padding_idx);
+  return std::get<0>(at::embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, /*sparse=*/false, {},
+                                       include_last_offset, padding));
+}
+
+at::Tensor embedding_bag_backward(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
+                                  const at::Tensor& offsets, bool scale_grad_by_freq, int64_t mode,
+                                  bool include_last_offset, int64_t padding_idx) {
+  auto forward = [&](const std::vector<at::Tensor>& inputs) {
+    return embedding_bag(inputs[0], indices, offsets, scale_grad_by_freq, mode, include_last_offset, padding_idx);
+  };
+  return vjp(forward, {weight}, {true}, grad)[0];
+}
+
+}  // namespace
+
+#define PRELU_BACKWARD "(Tensor grad, Tensor self, Tensor weight) -> (Tensor, Tensor)"
+#define INSTANCE_NORM_AFFINE "(Tensor input, Tensor weight, Tensor bias, float eps) -> Tensor"
+#define INSTANCE_NORM_AFFINE_BACKWARD \
+  "(Tensor grad, Tensor input, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)"
+#define DEFINE_INSTANCE_NORM_OVERLOAD(overload, input, weight, bias)                    \
+  m.def("instance_norm_affine" overload INSTANCE_NORM_AFFINE, &instance_norm_affine); \
+  m.def("instance_norm_affine_backward" overload INSTANCE_NORM_AFFINE_BACKWARD,       \
+        &instance_norm_affine_backward<input, weight, bias>);
+#define EMBEDDING_BAG_ARGUMENTS \
+  "Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq, int mode, bool include_last_offset, " \
+  "int padding_idx"
+
+TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
+  m.def("prelu(Tensor self, Tensor weight) -> Tensor", &prelu);
+  m.def("prelu.self(Tensor self, Tensor weight) -> Tensor", &prelu);
+  m.def("prelu.weight(Tensor self, Tensor weight) -> Tensor", &prelu);
+  m.def("prelu_backward" PRELU_BACKWARD, &prelu_backward<true, true>);
+  m.def("prelu_backward.self" PRELU_BACKWARD, &prelu_backward<true, false>);
+  m.def("prelu_backward.weight" PRELU_BACKWARD, &prelu_backward<false, true>);
+  m.def("instance_norm(Tensor input, float eps) -> Tensor", &instance_norm);
+  m.def("instance_norm_backward(Tensor grad, Tensor input, float eps) -> Tensor", &instance_norm_backward);
+  GRADIENT_OVERLOADS(DEFINE_INSTANCE_NORM_OVERLOAD)
+  m.def("embedding_bag(" EMBEDDING_BAG_ARGUMENTS ") -> Tensor", &embedding_bag);
+  m.def("embedding_bag_backward(Tensor grad, " EMBEDDING_BAG_ARGUMENTS ") -> Tensor", &embedding_bag_backward);
+}

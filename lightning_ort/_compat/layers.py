@@ -1,0 +1,140 @@
+"""Layers ORT could not train, on torch's kernels inside ORT's graph.
+
+- ``nn.PReLU``: ORT 1.19.2 has no gradient for ``PRelu``;
+- ``nn.InstanceNorm*`` without running statistics (the default): none for ``InstanceNormalization``;
+- ``F.adaptive_max_pool1d/2d/3d``: torch exports them only when the sizes divide evenly, as
+  ``MaxPool``, and not at all otherwise;
+- ``nn.EmbeddingBag``: exported as an ONNX ``Loop`` whose gradient ORT cannot build.
+
+Models with them fell back to PyTorch. They are exported as ATen nodes running torch's operators,
+and their gradients are eager autograd's (``csrc/layer_ops.cc``; adaptive max pooling uses torch's
+own backward operator), whatever ``op_rewrites`` says. InstanceNorm with running statistics and
+EmbeddingBag with sparse gradients or per-sample weights keep torch's export (and fall back).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9, symbolic_opset11
+
+from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
+from lightning_ort._compat.torch_kernels import ATEN, aten_like
+
+# ATen operators here whose output has the input's shape (shape_inference.py)
+SAME_SHAPE_OPERATORS = ("lightning_ort::prelu", "lightning_ort::instance_norm", "lightning_ort::instance_norm_affine")
+
+
+def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
+    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
+
+
+def _prelu(g: Any, self: Any, weight: Any) -> Any:
+    return aten_like(g, "lightning_ort::prelu", self, weight)
+
+
+def _instance_norm(
+    g: Any,
+    input: Any,
+    weight: Any,
+    bias: Any,
+    running_mean: Any,
+    running_var: Any,
+    use_input_stats: Any,
+    momentum: Any,
+    eps: Any,
+    cudnn_enabled: Any,
+) -> Any:
+    use_input = symbolic_helper._maybe_get_const(use_input_stats, "b")
+    affine = not symbolic_helper._is_none(weight) and not symbolic_helper._is_none(bias)
+    plain = symbolic_helper._is_none(weight) and symbolic_helper._is_none(bias)
+    stats = not symbolic_helper._is_none(running_mean) or not symbolic_helper._is_none(running_var)
+    if stats or use_input is not True or not (affine or plain):
+        return symbolic_opset9.instance_norm(
+            g, input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn_enabled
+        )
+    epsilon = _constant(g, float(symbolic_helper._get_const(eps, "f", "eps")), torch.float32)
+    if plain:
+        return aten_like(g, "lightning_ort::instance_norm", input, epsilon)
+    return aten_like(g, "lightning_ort::instance_norm_affine", input, weight, bias, epsilon)
+
+
+def _adaptive_max_pool(dims: int) -> Any:
+    def symbolic(g: Any, input: Any, output_size: Any) -> Any:
+        sizes = symbolic_helper._maybe_get_const(output_size, "is")
+        if symbolic_helper._is_value(sizes) or len(sizes) != dims:
+            return symbolic_helper._unimplemented(f"adaptive_max_pool{dims}d", "output size not constant", input)
+        if dims == 1:  # as torch computes it: 2-D pooling over an inserted height of 1
+            input = symbolic_helper._unsqueeze_helper(g, input, [-2])
+            sizes = [1, *sizes]
+        operator = f"adaptive_max_pool{max(dims, 2)}d"
+        output, indices = g.op(ATEN, input, _constant(g, sizes, torch.int64), operator_s=operator, outputs=2)
+        rank = symbolic_helper._get_tensor_rank(input)
+        if rank is not None:
+            output.setType(input.type().with_sizes([None] * rank))
+            indices.setType(input.type().with_dtype(torch.int64).with_sizes([None] * rank))
+        if dims == 1:
+            output, indices = (symbolic_helper._squeeze_helper(g, value, [-2]) for value in (output, indices))
+        return output, indices
+
+    return symbolic
+
+
+def _embedding_bag(
+    g: Any,
+    weight: Any,
+    indices: Any,
+    offsets: Any,
+    scale_grad_by_freq: Any,
+    mode: Any,
+    sparse: Any,
+    per_sample_weights: Any,
+    include_last_offset: Any,
+    padding_idx: Any = None,
+) -> Any:
+    flags = [symbolic_helper._maybe_get_const(flag, "b") for flag in (scale_grad_by_freq, sparse, include_last_offset)]
+    mode_value = symbolic_helper._maybe_get_const(mode, "i")
+    padding = -1 if padding_idx is None or symbolic_helper._is_none(padding_idx) else padding_idx
+    padding = symbolic_helper._maybe_get_const(padding, "i")
+    constants = [*flags, mode_value, padding]
+    if (
+        any(symbolic_helper._is_value(value) for value in constants)
+        or flags[1]
+        or not symbolic_helper._is_none(per_sample_weights)
+    ):
+        return symbolic_opset11.embedding_bag(
+            g, weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
+            padding_idx,
+        )  # fmt: skip
+    arguments = [
+        _constant(g, bool(flags[0]), torch.bool),
+        _constant(g, int(mode_value), torch.int64),
+        _constant(g, bool(flags[2]), torch.bool),
+        _constant(g, int(padding), torch.int64),
+    ]
+    output = g.op(ATEN, weight, indices, offsets, *arguments, operator_s="lightning_ort::embedding_bag")
+    output.setType(weight.type().with_sizes([None, None]))
+    return output, None, None, None  # the bags only, as torch's own export
+
+
+def register() -> None:
+    """Register the symbolics and gradients with ORT's registries (process-wide)."""
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    CustomOpSymbolicRegistry.register("prelu", "", _prelu)
+    CustomOpSymbolicRegistry.register("instance_norm", "", _instance_norm)
+    for dims in (1, 2, 3):
+        CustomOpSymbolicRegistry.register(f"adaptive_max_pool{dims}d", "", _adaptive_max_pool(dims))
+    CustomOpSymbolicRegistry.register("embedding_bag", "", _embedding_bag)
+    register_gradient("lightning_ort::prelu", "lightning_ort::prelu_backward", ["GO(0)", "I(0)", "I(1)"],
+                      ["GI(0)", "GI(1)"])  # fmt: skip
+    register_simple_gradient("lightning_ort::instance_norm", "lightning_ort::instance_norm_backward",
+                             ["GO(0)", "I(0)", "I(1)"])  # fmt: skip
+    register_gradient("lightning_ort::instance_norm_affine", "lightning_ort::instance_norm_affine_backward",
+                      ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"], ["GI(0)", "GI(1)", "GI(2)"])  # fmt: skip
+    for dims in (2, 3):
+        register_simple_gradient(f"adaptive_max_pool{dims}d", f"adaptive_max_pool{dims}d_backward",
+                                 ["GO(0)", "I(0)", "O(1)"])  # fmt: skip
+    register_simple_gradient("lightning_ort::embedding_bag", "lightning_ort::embedding_bag_backward",
+                             ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "I(4)", "I(5)", "I(6)"])  # fmt: skip

@@ -1,0 +1,90 @@
+"""Math functions ORT could not train, on torch's kernels inside ORT's graph.
+
+torch 2.13 cannot export ``expm1``, ``trunc``, ``cumprod`` and ``logcumsumexp`` to ONNX, nor
+``F.threshold`` with a threshold other than 0; ORT 1.19.2 has no gradient for ``Atan`` and
+``Sign``, and builds an invalid gradient graph for ``logsumexp`` without ``keepdim``. Models using
+them fell back to PyTorch. They are exported as ATen nodes running torch's operators, with eager
+autograd's formulas as gradients (``csrc/math_ops.cc``; the gradient of ``trunc`` and ``sign`` is
+zero, as in eager), whatever ``op_rewrites`` says.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9
+
+from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node, register_simple_gradient
+from lightning_ort._compat.torch_kernels import ATEN, aten_like
+
+# ATen operators here whose output has the input's shape (shape_inference.py)
+SAME_SHAPE_OPERATORS = ("atan", "expm1", "trunc", "lightning_ort::threshold", "lightning_ort::cumprod", "logcumsumexp")
+
+
+def _unary(operator: str) -> Any:
+    def symbolic(g: Any, self: Any) -> Any:
+        return aten_like(g, operator, self)
+
+    return symbolic
+
+
+def _threshold(g: Any, self: Any, threshold: Any, value: Any) -> Any:
+    limits = [symbolic_helper._maybe_get_const(argument, "f") for argument in (threshold, value)]
+    if any(symbolic_helper._is_value(limit) for limit in limits):
+        return symbolic_opset9.threshold(g, self, threshold, value)
+    floats = [g.op("Constant", value_t=torch.tensor(float(limit), dtype=torch.float32)) for limit in limits]
+    return aten_like(g, "lightning_ort::threshold", self, *floats)
+
+
+def _logsumexp(g: Any, input: Any, dim: Any, keepdim: Any) -> Any:
+    dims = symbolic_helper._maybe_get_const(dim, "is")
+    keep = symbolic_helper._maybe_get_const(keepdim, "b")
+    rank = symbolic_helper._get_tensor_rank(input)
+    if symbolic_helper._is_value(dims) or symbolic_helper._is_value(keep) or not dims or rank is None:
+        return symbolic_opset9.logsumexp(g, input, dim, keepdim)
+    keep_constant = g.op("Constant", value_t=torch.tensor(bool(keep)))
+    output = g.op(ATEN, input, _ints(g, dims), keep_constant, operator_s="logsumexp")
+    output.setType(input.type().with_sizes([None] * (rank if keep else rank - len(set(dims)))))
+    return output
+
+
+def _cumprod(g: Any, input: Any, dim: Any, dtype: Any) -> Any:
+    if not symbolic_helper._is_none(dtype):  # torch casts the input first
+        onnx_type = _type_utils.JitScalarType(symbolic_helper._get_const(dtype, "i", "dtype")).onnx_type()
+        input = g.op("Cast", input, to_i=onnx_type)
+    return aten_like(g, "lightning_ort::cumprod", input, _ints(g, symbolic_helper._get_const(dim, "i", "dim")))
+
+
+def _logcumsumexp(g: Any, input: Any, dim: Any) -> Any:
+    return aten_like(g, "logcumsumexp", input, _ints(g, symbolic_helper._get_const(dim, "i", "dim")))
+
+
+def _ints(g: Any, value: Any) -> Any:
+    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
+
+
+def _zero_gradient() -> list[Any]:
+    return [aten_node("lightning_ort::zeros_like", ["GO(0)"], ["GI(0)"])]
+
+
+def register() -> None:
+    """Register the symbolics and gradients with ORT's registries (process-wide)."""
+    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    for name in ("atan", "expm1", "trunc"):
+        CustomOpSymbolicRegistry.register(name, "", _unary(name))
+    CustomOpSymbolicRegistry.register("threshold", "", _threshold)
+    CustomOpSymbolicRegistry.register("logsumexp", "", _logsumexp)
+    CustomOpSymbolicRegistry.register("cumprod", "", _cumprod)
+    CustomOpSymbolicRegistry.register("logcumsumexp", "", _logcumsumexp)
+    register_simple_gradient("atan", "lightning_ort::atan_backward", ["GO(0)", "I(0)"])
+    register_simple_gradient("expm1", "lightning_ort::expm1_backward", ["GO(0)", "O(0)"])
+    register_simple_gradient("lightning_ort::threshold", "lightning_ort::threshold_backward", ["GO(0)", "I(0)", "I(1)"])
+    inputs = ["GO(0)", "I(0)", "O(0)", "I(1)", "I(2)"]
+    register_simple_gradient("logsumexp", "lightning_ort::logsumexp_backward", inputs)
+    register_simple_gradient("lightning_ort::cumprod", "lightning_ort::cumprod_backward", ["GO(0)", "I(0)", "I(1)"])
+    register_simple_gradient("logcumsumexp", "lightning_ort::logcumsumexp_backward", ["GO(0)", "I(0)", "I(1)"])
+    CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("trunc", ""), _zero_gradient)
+    CustomGradientRegistry.register("", "Sign", (), _zero_gradient)

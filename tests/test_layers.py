@@ -1,0 +1,105 @@
+"""PReLU, InstanceNorm, adaptive max pooling and EmbeddingBag train in ORT like eager (layers.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base, sequence_batches
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+class ImageNet(Base):
+    """A convolution, ``layer``, and a head over the pooled channels (images built from sequences)."""
+
+    def __init__(self, layer: nn.Module, frozen: str = "") -> None:
+        super().__init__()
+        self.conv, self.layer, self.head = nn.Conv2d(8, 8, 3, padding=1), layer, nn.Linear(8, 3)
+        for name, parameter in layer.named_parameters():
+            parameter.requires_grad_(name != frozen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, channels = x.shape
+        images = x.transpose(1, 2).reshape(batch, channels, length, 1) * x.transpose(1, 2).reshape(
+            batch, channels, 1, length
+        )
+        return self.head(self.layer(self.conv(images)).flatten(2).mean(2))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class Lambda(nn.Module):
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
+
+
+def images() -> DataLoader:
+    return sequence_batches([(4, 6), (2, 9), (3, 2), (4, 7)], 8)
+
+
+IMAGE_MODELS: dict[str, Callable[[], Base]] = {
+    "prelu": lambda: ImageNet(nn.PReLU(8, init=0.1)),
+    "prelu-shared": lambda: ImageNet(nn.PReLU()),
+    "prelu-frozen": lambda: ImageNet(nn.PReLU(8), frozen="weight"),
+    "instance-norm": lambda: ImageNet(nn.InstanceNorm2d(8)),
+    "instance-norm-affine": lambda: ImageNet(nn.InstanceNorm2d(8, affine=True, eps=1e-3)),
+    "instance-norm-frozen-bias": lambda: ImageNet(nn.InstanceNorm2d(8, affine=True), frozen="bias"),
+    "adaptive-max-pool": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool2d(h, (3, 2)))),
+    "adaptive-max-pool-1d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool1d(h.flatten(2), 5))),
+    "adaptive-max-pool-3d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool3d(h.unsqueeze(2), (1, 2, 3)))),
+}
+
+
+@pytest.mark.parametrize("make_model", IMAGE_MODELS.values(), ids=IMAGE_MODELS.keys())
+def test_layer_trains_in_ort_like_eager(make_model: Callable[[], Base]) -> None:
+    eager, ort = fit_both(make_model, images, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class Bags(Base):
+    """An EmbeddingBag over token ids (every row in use, the last one included), and a head."""
+
+    def __init__(self, bags: Callable[[], nn.EmbeddingBag], offsets: bool) -> None:
+        super().__init__()
+        self.bags, self.offsets, self.head = bags(), offsets, nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x.abs() * 7).long().clamp(max=19)[..., 0]
+        if not self.offsets:
+            return self.head(self.bags(ids))
+        # bags of varying length over the flattened ids: 0, 1 or more ids each
+        starts = torch.arange(ids.shape[0]) * (ids.shape[1] // 2)
+        return self.head(self.bags(ids.flatten(), starts))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+BAGS: dict[str, Callable[[], Base]] = {
+    "sum": lambda: Bags(lambda: nn.EmbeddingBag(20, 8, mode="sum"), offsets=False),
+    "mean": lambda: Bags(lambda: nn.EmbeddingBag(20, 8, mode="mean"), offsets=False),
+    "max": lambda: Bags(lambda: nn.EmbeddingBag(20, 8, mode="max"), offsets=False),
+    "padding-idx": lambda: Bags(lambda: nn.EmbeddingBag(20, 8, mode="mean", padding_idx=4), offsets=False),
+    "offsets": lambda: Bags(lambda: nn.EmbeddingBag(20, 8, mode="sum"), offsets=True),
+    "scale-grad-by-freq": lambda: Bags(lambda: nn.EmbeddingBag(20, 8, scale_grad_by_freq=True), offsets=False),
+}
+
+
+@pytest.mark.parametrize("make_model", BAGS.values(), ids=BAGS.keys())
+def test_embedding_bag_trains_in_ort_like_eager(make_model: Callable[[], Base]) -> None:
+    eager, ort = fit_both(make_model, lambda: sequence_batches([(4, 6), (4, 6), (2, 9), (3, 1), (4, 6)], 8), 5)
+    assert_ort_ran(ort, 5)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

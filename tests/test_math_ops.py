@@ -1,0 +1,56 @@
+"""Math functions torch cannot export or ORT cannot differentiate train in ORT like eager (math_ops.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base, sequence_batches
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+class Between(Base):
+    """A linear layer, ``function`` on its output, a residual and a head over the mean position."""
+
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function = function
+        self.inner, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return self.head((h + self.function(h)).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def sequences() -> DataLoader:
+    return sequence_batches([(4, 6), (2, 9), (3, 1), (4, 6)], 8)
+
+
+FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "atan": torch.atan,
+    "expm1": lambda h: torch.expm1(h.clamp(max=2)),
+    "trunc": lambda h: h * torch.trunc(3 * h),
+    "sign": lambda h: h * torch.sign(h),
+    "threshold": lambda h: F.threshold(h, 0.1, -0.5),
+    "logsumexp": lambda h: torch.logsumexp(h, -1, keepdim=True),
+    "logsumexp-reduced": lambda h: torch.logsumexp(h, dim=(0, 2)).unsqueeze(-1),
+    "cumprod": lambda h: torch.cumprod(torch.sigmoid(h) + 0.5, 1),
+    "cumprod-with-zeros": lambda h: torch.cumprod(F.relu(h), -1),
+    "logcumsumexp": lambda h: torch.logcumsumexp(h, 1),
+}
+
+
+@pytest.mark.parametrize("function", FUNCTIONS.values(), ids=FUNCTIONS.keys())
+def test_function_trains_in_ort_like_eager(function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    eager, ort = fit_both(lambda: Between(function), sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
