@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ort import _compat
 from lightning_ort.adapter import ForwardAdapter
-from lightning_ort.errors import ORTFallbackError
+from lightning_ort.errors import ORTFallbackError, ORTUnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class ORTGuard:
             self._graph_modes[graph] = modes
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
+            self._check_python_state()
             output = self._ort_module(*args, **kwargs)
         except Exception as error:
             self._give_up(error, graph, autocast)
@@ -127,6 +128,13 @@ class ORTGuard:
             _compat.advance_batch_counters(self._batch_norms)
         self.report.ort_calls += 1
         return output
+
+    def _check_python_state(self) -> None:
+        """Raise if Python state the graph cannot follow changed since the export: a value the export
+        read, or a forward hook registered on a submodule (such hooks run during the export only)."""
+        problem = _compat.changed_python_read(self._adapter) or _compat.hooks_problem(self.owner)
+        if problem is not None:
+            raise ORTUnsupportedModelError(problem)
 
     def _give_up(self, error: Exception, training: bool, autocast: tuple[bool, torch.dtype]) -> None:
         reason = _reason(error)

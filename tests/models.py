@@ -237,3 +237,63 @@ class PythonCounter(MLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         return self.head(self.body(x)) * (1.0 + 0.01 * (self.calls % 3))
+
+
+class PerSampleLoop(MLP):
+    """A Python loop over the batch: the trace would unroll it for the first batch's size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.stack([self.body(x[i]) for i in range(x.shape[0])]))
+
+
+class BufferReplacer(MLP):
+    """A running mean kept by assigning a new tensor to a buffer (VQ-VAE codebooks do this)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        if self.training:
+            self.mean = 0.9 * self.mean + 0.1 * hidden.detach().mean(0)
+        return self.head(hidden - self.mean)
+
+
+class MaxNormEmbedding(MLP):
+    """``nn.Embedding(max_norm=...)`` renormalises the rows it looks up, in place."""
+
+    def __init__(self, sparse: bool = False) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 16, max_norm=None if sparse else 1.0, sparse=sparse)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x.abs() * 5).long().clamp(max=19)
+        return self.head(self.body(x + self.embedding(ids).mean(1)))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class SparseEmbedding(MaxNormEmbedding):
+    """``nn.Embedding(sparse=True)``: sparse gradients, which ORT cannot produce."""
+
+    def __init__(self) -> None:
+        super().__init__(sparse=True)
+
+
+class HookedFeatures(MLP):
+    """A forward hook on a submodule captures features for an extra loss term."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features: list[torch.Tensor] = []
+        self.body.register_forward_hook(self.capture)  # a bound method: deep copies capture into their own list
+
+    def capture(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        self.features.append(output)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.features.clear()
+        loss = super().training_step(batch, batch_idx)
+        return loss + 0.1 * self.features[-1].pow(2).mean()

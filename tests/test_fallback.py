@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
+import lightning as L
 import pytest
+import torch
 from helpers import assert_losses_match, assert_states_match, fit, fit_both
-from models import BufferWriter, DataDependent, NoGradInForward, PythonCounter, STEModel, mlp_loader
+from models import (
+    MLP,
+    BufferReplacer,
+    BufferWriter,
+    DataDependent,
+    HookedFeatures,
+    MaxNormEmbedding,
+    NoGradInForward,
+    PerSampleLoop,
+    PythonCounter,
+    SparseEmbedding,
+    STEModel,
+    mlp_loader,
+)
 
 from lightning_ort import ORTFallbackError, ORTStrategy
 
@@ -16,8 +32,16 @@ CASES = [
     (BufferWriter, "updates buffer(s) counter.calls in place"),
     (NoGradInForward, "its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at"),
     (PythonCounter, "its forward changes Python attribute(s) self.calls"),
+    (PerSampleLoop, "into a Python integer at"),
+    (BufferReplacer, "assigns new tensors to buffer(s) mean"),
+    (MaxNormEmbedding, "changes parameter(s) embedding.weight in place"),
+    (SparseEmbedding, "embedding layer(s) embedding use sparse=True"),
+    (HookedFeatures, "forward hooks are registered on submodule(s) body"),
 ]
-IDS = ["autograd_function", "data_dependent", "buffer_write", "no_grad", "python_state"]
+IDS = [
+    "autograd_function", "data_dependent", "buffer_write", "no_grad", "python_state", "shape_loop", "buffer_replaced",
+    "max_norm", "sparse_embedding", "forward_hook",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=IDS)
@@ -42,3 +66,47 @@ def test_raise_stops_with_reason(model_cls: type, reason: str) -> None:
         fit(model_cls(), mlp_loader(), ORTStrategy(fallback="raise", custom_autograd=False), max_steps=2)
     assert reason in str(info.value)
     assert "fallback='warn'" in str(info.value)
+
+
+class Scheduled(MLP):
+    """Scales its output by a value that changes every step: the global step, a number a callback
+    sets, or a plain tensor attribute (not a buffer) a callback fills."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+        self.temperature = 1.0
+        self.scale = torch.ones(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.source == "global_step":
+            factor: Any = 1.0 + 0.1 * self.global_step
+        else:
+            factor = self.temperature if self.source == "attribute" else self.scale
+        return self.head(self.body(x)) * factor
+
+
+class Schedule(L.Callback):
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, index: int) -> None:
+        pl_module.temperature = 1.0 + 0.1 * index
+        pl_module.scale.fill_(1.0 + 0.1 * index)
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("global_step", "reads self.global_step, which was 0 when ORT exported the graph and is 1 now"),
+        ("attribute", "reads self.temperature, which was 1.0 when ORT exported the graph and is 1.1 now"),
+        ("tensor", "reads the plain tensor attribute self.scale, which changed after ORT exported the graph"),
+    ],
+)
+def test_values_read_by_the_export_that_change_later_hand_the_module_to_pytorch(source: str, reason: str) -> None:
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        eager, ort = fit_both(lambda: Scheduled(source), mlp_loader, 6, callbacks=[Schedule()])
+    ours = [str(r.message) for r in records if "lightning_ort: ORT cannot run" in str(r.message)]
+    assert len(ours) == 1 and reason in ours[0], ours
+    (report,) = ort.reports
+    assert report.ort_calls == 1 and report.torch_calls == 5
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

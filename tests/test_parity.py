@@ -56,6 +56,28 @@ def test_frozen_batchnorm_in_eval_mode_stays_frozen() -> None:
     assert int(ort.state["features.1.num_batches_tracked"]) == 0
 
 
+class SharedAndSpareBatchNorm(CNN):
+    """One BatchNorm applied twice per forward, and one never applied: eager counts 2 and 0 batches per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.features[:2](x)
+        hidden = self.features[1](torch.relu(hidden))
+        return self.classifier(self.features[2:](hidden))
+
+
+def test_batchnorm_counters_count_every_call_like_eager() -> None:
+    eager, ort = fit_both(SharedAndSpareBatchNorm, image_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    assert int(ort.state["features.1.num_batches_tracked"]) == 2 * STEPS
+    assert int(ort.state["spare.num_batches_tracked"]) == 0
+
+
 def test_transformer_encoder_with_padding_mask_dict_input_and_dict_output() -> None:
     eager, ort = fit_both(EncoderClassifier, dict_loader, STEPS)
     assert_ort_ran(ort, STEPS)

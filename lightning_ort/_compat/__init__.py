@@ -34,6 +34,7 @@ from lightning_ort._compat.memory_arena import ArenaStats
 from lightning_ort._compat.memory_arena import arena_scope as memory_arena_scope
 from lightning_ort._compat.memory_arena import release as release_memory_arena
 from lightning_ort._compat.memory_arena import stats as memory_arena_stats
+from lightning_ort._compat.python_reads import changed_read as changed_python_read
 from lightning_ort._compat.runtime import (
     ORTRuntimeOptions,
     end_profiling,
@@ -45,6 +46,7 @@ from lightning_ort._compat.runtime import (
     set_training_flag,
     wrap_module,
 )
+from lightning_ort._compat.trace_checks import hooks_problem
 
 __all__ = [
     "GRAPH_STAGES",
@@ -63,6 +65,7 @@ __all__ = [
     "aten_operator",
     "attention_fast_path_off",
     "batch_counters",
+    "changed_python_read",
     "check_device",
     "check_installation",
     "check_training_artifacts",
@@ -73,6 +76,7 @@ __all__ = [
     "exported_model",
     "processed_model",
     "generate_training_artifacts",
+    "hooks_problem",
     "memory_arena_scope",
     "memory_arena_stats",
     "memory_optimization_level",

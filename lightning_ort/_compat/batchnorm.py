@@ -14,6 +14,7 @@ gradient_overloads.py).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -85,9 +86,20 @@ def batch_counters(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._
     ]
 
 
+# How many times one forward call runs each layer (0 when unused, 2 when applied twice), as the
+# export's trace counted it; 1 for a layer no export has counted yet.
+_CALLS_PER_FORWARD: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def record_calls_per_forward(layer: torch.nn.Module, calls: int) -> None:
+    """``layer`` ran ``calls`` times in a training-mode forward traced by ORT's export."""
+    _CALLS_PER_FORWARD[layer] = calls
+
+
 def advance_batch_counters(layers: list[torch.nn.modules.batchnorm._BatchNorm]) -> None:
     """Do what ``_BatchNorm.forward`` does in Python for each training-mode layer ORT just ran."""
     with torch.no_grad():
         for layer in layers:
-            if layer.training and layer.track_running_stats:
-                layer.num_batches_tracked.add_(1)
+            calls = _CALLS_PER_FORWARD.get(layer, 1)
+            if layer.training and layer.track_running_stats and calls:
+                layer.num_batches_tracked.add_(calls)

@@ -19,6 +19,8 @@ import torch
 import torch.utils.checkpoint
 from torch.onnx import TrainingMode
 
+from lightning_ort._compat import python_reads, trace_checks
+from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort.errors import ORTUnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -276,27 +278,75 @@ def _record_python_state_changes(module: torch.nn.Module) -> Iterator[list[str]]
                 changed.append(f"{names.get(owner, '').lstrip('.') or 'self'}.{attribute}")
 
 
+def _count_batch_norm_calls(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
+    """Record how often the traced forward ran each BatchNorm layer, from how far it advanced the
+    layer's ``num_batches_tracked`` (ORT's graph cannot advance it; batchnorm.py does, per call)."""
+    for name, layer in module.named_modules():
+        if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and layer.num_batches_tracked is not None:
+            start = before.get(f"{name}.num_batches_tracked" if name else "num_batches_tracked")
+            if start is not None:
+                record_calls_per_forward(layer, int(layer.num_batches_tracked) - int(start))
+
+
 @contextlib.contextmanager
-def _preserved_buffers(module: torch.nn.Module) -> Iterator[list[str]]:
-    """Undo buffer updates made by the forward runs the export does; list the buffers they changed.
+def _preserved_buffers(module: torch.nn.Module) -> Iterator[tuple[list[str], list[str]]]:
+    """Undo buffer updates made by the forward runs the export does (in place or by assigning a new
+    tensor); list the buffers they changed in place, and those they replaced.
 
     BatchNorm statistics are updated correctly inside the ORT graph (see ``batchnorm.py``); any
     other buffer a forward writes in place would silently stop being updated under ORT.
     """
     saved = [(name, buffer, buffer.detach().clone()) for name, buffer in module.named_buffers()]
     changed: list[str] = []
+    replaced: list[str] = []
     try:
-        yield changed
+        yield changed, replaced
     finally:
+        if module.training:
+            _count_batch_norm_calls(module, {name: value for name, _, value in saved})
+        current = dict(module.named_buffers())
         with torch.no_grad():
             for name, buffer, value in saved:
-                if not torch.equal(buffer, value):
+                if current.get(name) is not buffer:  # assigned a new tensor (self.ema = ...): put the old one back
+                    owner_name, _, attribute = name.rpartition(".")
+                    module.get_submodule(owner_name)._buffers[attribute] = buffer
+                    replaced.append(name.removeprefix("_original_module."))
+                elif not torch.equal(buffer, value):
                     changed.append(name)
                 buffer.copy_(value)
         handled, _ = _batch_norm_state(module)
         by_name = dict(module.named_buffers())
         # ORT exports its _FlattenedModule, which holds the user's module as `_original_module`.
         changed[:] = [name.removeprefix("_original_module.") for name in changed if id(by_name[name]) not in handled]
+
+
+def _user_modules(module: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, str]]:
+    """The user's modules under ORT's flattened ``module`` (the adapter's owner included), by id, with
+    the names the user knows them by."""
+    modules = {
+        id(submodule): (submodule, name.removeprefix("_original_module").lstrip(".") or "self")
+        for name, submodule in module.named_modules()
+        if submodule is not module
+    }
+    owner = getattr(_adapter(module), "_owner", None)
+    if isinstance(owner, torch.nn.Module):
+        modules[id(owner)] = (owner, "self")
+    return modules
+
+
+def _adapter(module: torch.nn.Module) -> torch.nn.Module:
+    """The module ORT's flattened ``module`` wraps (lightning_ort's ForwardAdapter)."""
+    return getattr(module, "_original_module", module)
+
+
+def _check_static_patterns(module: torch.nn.Module) -> None:
+    """Refuse modules with sparse embeddings (forward hooks are checked before every call, guard.py)."""
+    sparse = [name.removeprefix("_original_module.") for name in trace_checks.sparse_embeddings(module)]
+    if sparse:
+        raise ORTUnsupportedModelError(
+            f"embedding layer(s) {', '.join(sparse)} use sparse=True; ORT computes dense gradients. Fix: "
+            "sparse=False, or keep them out of ORT with ORTStrategy(modules=[...])"
+        )
 
 
 @contextlib.contextmanager
@@ -315,9 +365,13 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             f"BatchNorm layer(s) {', '.join(cumulative_batch_norms)} use momentum=None (cumulative average), "
             "whose factor depends on num_batches_tracked and would be frozen into the ONNX graph"
         )
+    _check_static_patterns(module)
+    versions = trace_checks.parameter_versions(module)
     exported = _ExportRecord()
     with contextlib.ExitStack() as stack:
-        mutated = stack.enter_context(_preserved_buffers(module))
+        mutated, replaced = stack.enter_context(_preserved_buffers(module))
+        stack.enter_context(python_reads.recorded_reads(python_reads.reads_of(_adapter(module)), _user_modules(module)))
+        index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
@@ -355,6 +409,24 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         raise ORTUnsupportedModelError(
             f"its forward updates buffer(s) {', '.join(mutated)} in place; an ONNX graph cannot write to "
             "buffers, so they would silently stop changing under ORT"
+        )
+    if replaced:
+        raise ORTUnsupportedModelError(
+            f"its forward assigns new tensors to buffer(s) {', '.join(replaced)} (self.buffer = ...); an ONNX graph "
+            "cannot write to buffers, so they would silently stop changing under ORT"
+        )
+    in_place = [name.removeprefix("_original_module.") for name in trace_checks.changed_in_place(module, versions)]
+    if in_place:
+        raise ORTUnsupportedModelError(
+            f"its forward changes parameter(s) {', '.join(in_place)} in place (nn.Embedding(max_norm=...) does); "
+            "ORT's graph computes with the change but never writes it back to the parameter"
+        )
+    if index_conversions:
+        raise ORTUnsupportedModelError(
+            "its forward turns a tensor (under ONNX export, also a size such as x.shape[1]) into a Python integer "
+            f"at {index_conversions[0]} (range(), an index); the export freezes that number, so a loop over a "
+            "dimension would stay unrolled for the first batch's size. Fix: use tensor operations over the whole "
+            "dimension, or keep that module out of ORT with ORTStrategy(modules=[...])"
         )
     unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
     if unsafe:

@@ -254,6 +254,7 @@ def install() -> None:
     from lightning_ort._compat import (
         activations,
         attention,
+        backward_once,
         batchnorm,
         channels_last,
         conv_padding,
@@ -263,6 +264,7 @@ def install() -> None:
         onnx_gradients,
         op_rewrites,
         pad_shuffle,
+        scalar_inputs,
         split_gradients,
         unbind,
         upsample,
@@ -291,3 +293,5 @@ def install() -> None:
     _buffers_in_reprocess_check()
     _stream_suppression_without_file_descriptors()
     _skip_gpu_allocator_without_cuda_provider()
+    backward_once.install()
+    scalar_inputs.install()

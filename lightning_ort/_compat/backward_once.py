@@ -1,0 +1,89 @@
+"""ORT's backward graph runs once per forward call, and its gradients are not differentiable.
+
+ORT keeps a forward call's activations in a C++ run state that its backward run consumes: the run
+frees them as it goes and leaves its outputs in the state, so ORT 1.19.2 refuses to run the same
+state again, and ``_training_manager`` deletes it after the first backward. A second backward through
+one forward (``backward(retain_graph=True)`` twice, ``torch.autograd.grad(..., retain_graph=True)`` or
+a gradient penalty followed by ``backward()``) then failed with ``AttributeError: '_RunStateInfo'
+object has no attribute 'state'``.
+
+Under ``create_graph=True`` (gradient penalties, double backward) the gradients ORT returns were
+plain tensors without a history: the penalty built from them trained as if its gradient were zero,
+silently. They now carry a node that raises :class:`ORTUnsupportedModelError` when differentiated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from lightning_ort.errors import ORTUnsupportedModelError
+
+_FIX = (
+    "Fix: keep `{name}` out of ORT (ORTStrategy(modules=[...]) naming only other submodules) or "
+    "train with strategy='auto'"
+)
+SECOND_BACKWARD = (
+    "lightning_ort: ORT cannot run the backward pass of `{name}` a second time for one forward call "
+    "(backward(retain_graph=True) followed by another backward, torch.autograd.grad(..., retain_graph=True "
+    "or create_graph=True) followed by backward(), a gradient penalty): ORT frees the forward's saved "
+    "activations in its first backward. " + _FIX + "; or add the losses and call backward once, or run "
+    "the module's forward again for each backward."
+)
+DOUBLE_BACKWARD = (
+    "lightning_ort: ORT cannot differentiate the backward pass of `{name}` again (create_graph=True: a "
+    "gradient penalty such as WGAN-GP or R1, double backward, Hessian-vector products): the gradients "
+    "ORT computes are not differentiable by PyTorch. " + _FIX + "."
+)
+
+
+class _NotDifferentiable(torch.autograd.Function):
+    """Passes gradients through unchanged; differentiating the result raises ``message``."""
+
+    @staticmethod
+    def forward(ctx: Any, message: str, anchor: torch.Tensor, *grads: torch.Tensor | None) -> Any:
+        ctx.message = message
+        # clones: an output that is an input would be a view, which optimizers may not change in place
+        return tuple(None if grad is None else grad.clone() for grad in grads)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        raise ORTUnsupportedModelError(ctx.message)
+
+
+def _module_name(manager: Any) -> str:
+    module = manager._original_module
+    owner = getattr(module, "_owner", module)  # lightning_ort's ForwardAdapter runs its owner's forward
+    return type(owner).__name__
+
+
+def _checked_backward(original: Any, manager: Any) -> Any:
+    @functools.wraps(original)
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        if ctx.run_info is not None and not hasattr(ctx.run_info, "state"):
+            raise ORTUnsupportedModelError(SECOND_BACKWARD.format(name=_module_name(manager)))
+        grads = original(ctx, *grad_outputs)
+        # autograd runs a Function's backward with grad mode on exactly when create_graph=True
+        if not torch.is_grad_enabled() or all(grad is None for grad in grads):
+            return grads
+        anchor = torch.zeros((), requires_grad=True)
+        return _NotDifferentiable.apply(DOUBLE_BACKWARD.format(name=_module_name(manager)), anchor, *grads)
+
+    return backward
+
+
+def install() -> None:
+    """Check every ORT training backward run: a second run per forward, and create_graph=True."""
+    from onnxruntime.training.ortmodule._training_manager import TrainingManager
+
+    original = TrainingManager._create_autofunction_class
+
+    @functools.wraps(original)
+    def _create_autofunction_class(self: Any) -> Any:
+        function = original(self)
+        function.backward = staticmethod(_checked_backward(function.backward, self))
+        return function
+
+    TrainingManager._create_autofunction_class = _create_autofunction_class  # type: ignore[method-assign]

@@ -1,0 +1,219 @@
+"""Calls ORT's graph cannot follow get a clear error or a clear fallback, never a crash or wrong training:
+a second backward through one forward, gradients differentiated again (create_graph=True), and
+Python bool/int/float/None arguments of forward."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
+from models import mlp_loader
+from torch import nn
+
+from lightning_ort import ORTStrategy
+from lightning_ort.errors import ORTUnsupportedModelError
+
+STEPS = 6
+SECOND_BACKWARD = "ORT cannot run the backward pass of `{}` a second time for one forward call"
+DOUBLE_BACKWARD = "ORT cannot differentiate the backward pass of `{}` again"
+
+
+class Net(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class TwoLossesRetainGraph(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        out = self(x)
+        first, second = F.cross_entropy(out, y), out.pow(2).mean()
+        self.manual_backward(first, retain_graph=True)
+        self.manual_backward(0.1 * second)
+        optimizer.step()
+        return first + 0.1 * second
+
+
+class InputGradientThenBackward(Net):
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        x = x.clone().requires_grad_(True)
+        out = self(x)
+        (saliency,) = torch.autograd.grad(out.sum(), x, retain_graph=True)
+        self.log("saliency", saliency.norm())
+        return F.cross_entropy(out, y)
+
+
+class GradientPenalty(Net):
+    """WGAN-GP / R1 style: the penalty differentiates the gradient of the module's output."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        x = x.clone().requires_grad_(True)
+        out = self(x)
+        (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return F.cross_entropy(out, y) + 0.5 * grad.pow(2).sum(1).mean()
+
+
+class SeparatePenaltyForward(Net):
+    """One backward per forward, but the penalty's gradient is ORT's gradient differentiated again.
+
+    Before the check, ORT's gradient had no history: the penalty trained as if it were constant."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        real, fake = x.clone().requires_grad_(True), x.flip(0).requires_grad_(True)
+        (grad,) = torch.autograd.grad(self(real).sum(), real, create_graph=True)
+        return F.cross_entropy(self(fake), y) + 0.5 * grad.pow(2).sum(1).mean()
+
+
+class CreateGraphOnlyOnce(Net):
+    """create_graph=True whose gradients are never differentiated again trains as in eager."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(self(x), y)
+        self.manual_backward(loss, create_graph=True)
+        optimizer.step()
+        return loss
+
+
+@pytest.mark.parametrize("model", [TwoLossesRetainGraph, InputGradientThenBackward])
+def test_second_backward_through_one_forward_is_a_clear_error(model: type[Net]) -> None:
+    torch.manual_seed(0)
+    with pytest.raises(ORTUnsupportedModelError, match=SECOND_BACKWARD.format(model.__name__)) as error:
+        fit(model(), mlp_loader(), ORTStrategy(), STEPS)
+    assert "Fix: keep" in str(error.value) and "call backward once" in str(error.value)
+
+
+@pytest.mark.parametrize("model", [GradientPenalty, SeparatePenaltyForward])
+def test_differentiating_ort_gradients_again_is_a_clear_error(model: type[Net]) -> None:
+    torch.manual_seed(0)
+    with pytest.raises(ORTUnsupportedModelError, match=DOUBLE_BACKWARD.format(model.__name__)) as error:
+        fit(model(), mlp_loader(), ORTStrategy(), STEPS)
+    assert "strategy='auto'" in str(error.value)
+
+
+class PenaltyOnOneSubmodule(Net):
+    """A generator in ORT feeds a critic with a gradient penalty, which the fix keeps in PyTorch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+        self.critic = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        real = x.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(self.critic(real).sum(), real, create_graph=True)
+        return F.cross_entropy(self.critic(self.generator(x)), y) + 0.5 * grad.pow(2).sum(1).mean()
+
+
+def test_gradient_penalty_trains_with_the_fix_the_error_names() -> None:
+    with pytest.raises(ORTUnsupportedModelError, match=DOUBLE_BACKWARD.format("Sequential")):
+        fit_both(PenaltyOnOneSubmodule, mlp_loader, STEPS, strategy=ORTStrategy(modules=["generator", "critic"]))
+    eager, ort = fit_both(PenaltyOnOneSubmodule, mlp_loader, STEPS, strategy=ORTStrategy(modules=["generator"]))
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_create_graph_without_second_differentiation_matches_eager() -> None:
+    eager, ort = fit_both(CreateGraphOnlyOnce, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class NumberArgument(Net):
+    """A float and an int argument whose values change from call to call."""
+
+    def forward(self, x: torch.Tensor, scale: float, shift: int = 0) -> torch.Tensor:  # type: ignore[override]
+        return self.b(torch.relu(self.a(x)) * scale + shift)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x, (0.5, 3.0, -1.0)[batch_idx % 3], shift=batch_idx), y)
+
+
+class FlagArgument(Net):
+    def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:  # type: ignore[override]
+        features = torch.relu(self.a(x))
+        return (self.b(features), features) if return_features else self.b(features)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if batch_idx % 2:
+            out, features = self(x, return_features=True)
+            return F.cross_entropy(out, y) + features.pow(2).mean()
+        return F.cross_entropy(self(x, False), y)
+
+
+class OptionalArgument(Net):
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
+        features = torch.relu(self.a(x))
+        if bias is not None:
+            features = features + bias
+        return self.b(features)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        bias = None if batch_idx % 2 else torch.full((16,), 0.1 * batch_idx)
+        return F.cross_entropy(self(x, bias), y)
+
+
+@pytest.mark.parametrize("model", [NumberArgument, FlagArgument, OptionalArgument])
+def test_python_arguments_follow_every_call(model: type[Net]) -> None:
+    eager, ort = fit_both(model, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class NumberInControlFlow(Net):
+    def forward(self, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        features = torch.relu(self.a(x))
+        if scale > 1.0:
+            features = features * 2
+        return self.b(features)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x, (0.5, 3.0)[batch_idx % 2]), y)
+
+
+def test_python_number_used_as_a_number_falls_back_naming_the_argument() -> None:
+    with pytest.warns(UserWarning, match="PyTorch runs it"):
+        eager, ort = fit_both(NumberInControlFlow, mlp_loader, STEPS)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None
+    assert "the Python number argument(s) `scale` (float)" in report.fallback_reason
+    assert "Fix: make such a value a constructor argument" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
