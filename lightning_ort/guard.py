@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,15 +48,24 @@ class ORTModuleReport:
         return self.fallback_reason is None and self.eval_fallback_reason is None
 
 
+# The line naming the exception in a traceback ORT embeds in its own error text
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+
+
 def _reason(error: BaseException) -> str:
     """One readable line out of ORT's (often multi-page) error text."""
     root: BaseException = error
     while root.__cause__ is not None:
         root = root.__cause__
     lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-    text = lines[-1] if lines else ""
+    raised = [line for line in lines[1:] if _RAISED.match(line)]
+    text = raised[-1] if raised else (lines[-1] if lines else "")
+    # ORT's C++ checks read "<file>:<line> <function signature> <condition> was false. <message>"
+    _, checked, message = text.partition(" was false. ")
+    if checked:
+        text = message
     if len(lines) > 1 and lines[0] not in text:
-        text = f"{lines[0]} ... {text}"
+        text = f"{lines[0][:200]} ... {text}"
     return f"{type(root).__name__}: {text[:600]}"
 
 

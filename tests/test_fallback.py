@@ -25,6 +25,7 @@ from models import (
 )
 
 from lightning_ort import ORTFallbackError, ORTStrategy
+from lightning_ort.guard import _reason
 
 CASES = [
     (STEModel, "custom torch.autograd.Function(s) models.StraightThrough"),
@@ -110,3 +111,23 @@ def test_values_read_by_the_export_that_change_later_hand_the_module_to_pytorch(
     assert report.ort_calls == 1 and report.torch_calls == 5
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+def test_reason_keeps_what_ort_says_went_wrong() -> None:
+    check = RuntimeError(
+        "/onnxruntime_src/orttraining/core/graph/gradient_builder_registry.cc:29 onnxruntime::training::GradientDef "
+        "onnxruntime::training::GetGradientForOp(const GradientGraphConfiguration&, onnxruntime::Graph*) "
+        "gradient_builder != nullptr was false. The gradient builder has not been registered: ReduceProd for node X"
+    )
+    assert _reason(check) == "RuntimeError: The gradient builder has not been registered: ReduceProd for node X"
+    export = RuntimeError(
+        "There was an error while exporting the PyTorch model to ONNX: \n"
+        "Traceback (most recent call last):\n"
+        '  File "exporter.py", line 1, in export\n'
+        "    raise exception\n"
+        "torch.onnx.errors.SymbolicValueError: Expected node type 'onnx::Constant' for argument 'rounding_mode'\n"
+        "    )  (type 'Tensor')\n"
+    )
+    assert _reason(export).endswith(
+        "... torch.onnx.errors.SymbolicValueError: Expected node type 'onnx::Constant' for argument 'rounding_mode'"
+    )
