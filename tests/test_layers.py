@@ -1,4 +1,5 @@
-"""PReLU, InstanceNorm, adaptive max pooling and EmbeddingBag train in ORT like eager (layers.py)."""
+"""PReLU, InstanceNorm, BatchNorm without running statistics, adaptive max pooling and EmbeddingBag train in ORT
+like eager (layers.py)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ IMAGE_MODELS: dict[str, Callable[[], Base]] = {
     "instance-norm": lambda: ImageNet(nn.InstanceNorm2d(8)),
     "instance-norm-affine": lambda: ImageNet(nn.InstanceNorm2d(8, affine=True, eps=1e-3)),
     "instance-norm-frozen-bias": lambda: ImageNet(nn.InstanceNorm2d(8, affine=True), frozen="bias"),
+    "batch-norm-batch-statistics": lambda: ImageNet(nn.BatchNorm2d(8, track_running_stats=False)),
+    "batch-norm-batch-statistics-plain": lambda: ImageNet(nn.BatchNorm2d(8, affine=False, track_running_stats=False)),
+    "batch-norm-batch-statistics-frozen-weight": lambda: ImageNet(
+        nn.BatchNorm2d(8, track_running_stats=False), frozen="weight"
+    ),
     "adaptive-max-pool": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool2d(h, (3, 2)))),
     "adaptive-max-pool-1d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool1d(h.flatten(2), 5))),
     "adaptive-max-pool-3d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool3d(h.unsqueeze(2), (1, 2, 3)))),

@@ -21,6 +21,7 @@ import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset14
 
 from lightning_ort._compat.gradient_overloads import register_gradient
+from lightning_ort._compat.layers import batch_statistics_norm
 from lightning_ort._compat.torch_kernels import ATEN
 
 _BATCH_NORM = "lightning_ort::batch_norm"
@@ -41,6 +42,9 @@ def batch_norm_symbolic(
     # Eval-mode layers go through ATen too: ORT's training graph rewrites every ONNX
     # BatchNormalization into its training-mode kernel, which would ignore the running statistics.
     if running_mean is None or symbolic_helper._is_none(running_mean):
+        output = batch_statistics_norm(g, input, weight, bias, eps)
+        if output is not None:
+            return output
         return symbolic_opset14.batch_norm(
             g, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled
         )

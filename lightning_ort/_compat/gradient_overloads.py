@@ -35,6 +35,7 @@ OPERATORS = {
     "lightning_ort::matmul": ("self", "other"),
     "lightning_ort::prelu": ("self", "weight"),
     "lightning_ort::instance_norm_affine": ("input", "weight", "bias"),
+    "lightning_ort::batch_statistics_norm_affine": ("input", "weight", "bias"),
 }
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.

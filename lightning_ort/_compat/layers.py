@@ -2,6 +2,8 @@
 
 - ``nn.PReLU``: ORT 1.19.2 has no gradient for ``PRelu``;
 - ``nn.InstanceNorm*`` without running statistics (the default): none for ``InstanceNormalization``;
+- ``nn.BatchNorm*`` with ``track_running_stats=False``: the exporter cannot export it with sizes
+  it does not know;
 - ``F.adaptive_max_pool1d/2d/3d``: torch exports them only when the sizes divide evenly, as
   ``MaxPool``, and not at all otherwise;
 - ``nn.EmbeddingBag``: exported as an ONNX ``Loop`` whose gradient ORT cannot build.
@@ -23,7 +25,8 @@ from lightning_ort._compat.gradient_overloads import register_gradient, register
 from lightning_ort._compat.torch_kernels import ATEN, aten_like
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
-SAME_SHAPE_OPERATORS = ("lightning_ort::prelu", "lightning_ort::instance_norm", "lightning_ort::instance_norm_affine")
+_NORMS = ("instance_norm", "instance_norm_affine", "batch_statistics_norm", "batch_statistics_norm_affine")
+SAME_SHAPE_OPERATORS = tuple(f"lightning_ort::{name}" for name in ("prelu", *_NORMS))
 
 
 def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
@@ -54,10 +57,22 @@ def _instance_norm(
         return symbolic_opset9.instance_norm(
             g, input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn_enabled
         )
+    return _batch_statistics(g, "instance_norm", input, weight, bias, eps)
+
+
+def batch_statistics_norm(g: Any, input: Any, weight: Any, bias: Any, eps: Any) -> Any | None:
+    """BatchNorm without running statistics (``track_running_stats=False``: batch statistics in
+    every mode) as lightning_ort's operator, or None when only one of weight and bias is given."""
+    if symbolic_helper._is_none(weight) != symbolic_helper._is_none(bias):
+        return None
+    return _batch_statistics(g, "batch_statistics_norm", input, weight, bias, eps)
+
+
+def _batch_statistics(g: Any, name: str, input: Any, weight: Any, bias: Any, eps: Any) -> Any:
     epsilon = _constant(g, float(symbolic_helper._get_const(eps, "f", "eps")), torch.float32)
-    if plain:
-        return aten_like(g, "lightning_ort::instance_norm", input, epsilon)
-    return aten_like(g, "lightning_ort::instance_norm_affine", input, weight, bias, epsilon)
+    if symbolic_helper._is_none(weight):
+        return aten_like(g, f"lightning_ort::{name}", input, epsilon)
+    return aten_like(g, f"lightning_ort::{name}_affine", input, weight, bias, epsilon)
 
 
 def _adaptive_max_pool(dims: int) -> Any:
@@ -129,10 +144,10 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("embedding_bag", "", _embedding_bag)
     register_gradient("lightning_ort::prelu", "lightning_ort::prelu_backward", ["GO(0)", "I(0)", "I(1)"],
                       ["GI(0)", "GI(1)"])  # fmt: skip
-    register_simple_gradient("lightning_ort::instance_norm", "lightning_ort::instance_norm_backward",
-                             ["GO(0)", "I(0)", "I(1)"])  # fmt: skip
-    register_gradient("lightning_ort::instance_norm_affine", "lightning_ort::instance_norm_affine_backward",
-                      ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"], ["GI(0)", "GI(1)", "GI(2)"])  # fmt: skip
+    for name in ("lightning_ort::instance_norm", "lightning_ort::batch_statistics_norm"):
+        register_simple_gradient(name, f"{name}_backward", ["GO(0)", "I(0)", "I(1)"])
+        register_gradient(f"{name}_affine", f"{name}_affine_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"],
+                          ["GI(0)", "GI(1)", "GI(2)"])  # fmt: skip
     for dims in (2, 3):
         register_simple_gradient(f"adaptive_max_pool{dims}d", f"adaptive_max_pool{dims}d_backward",
                                  ["GO(0)", "I(0)", "O(1)"])  # fmt: skip

@@ -1,6 +1,7 @@
-// Layers ORT 1.19.2 cannot train (layers.py): PReLU, InstanceNorm and EmbeddingBag on torch's
-// kernels, with eager autograd's own gradients (autograd_vjp.h). PReLU and the affine
-// InstanceNorm have one overload per set of gradients a node needs (gradient_overloads.py).
+// Layers ORT 1.19.2 cannot train (layers.py): PReLU, InstanceNorm, BatchNorm without running
+// statistics and EmbeddingBag on torch's kernels, with eager autograd's own gradients
+// (autograd_vjp.h). PReLU and the affine normalizations have one overload per set of gradients a
+// node needs (gradient_overloads.py).
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -26,29 +27,41 @@ std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const 
   return {grads[0], grads[1]};
 }
 
+// Normalizations over the batch's own statistics, with optional affine weight and bias.
+using Norm = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+
 at::Tensor instance_norm_of(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias, double eps) {
   return at::instance_norm(input, weight, bias, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1, eps,
                            /*cudnn_enabled=*/false);
 }
 
-at::Tensor instance_norm(const at::Tensor& input, double eps) { return instance_norm_of(input, {}, {}, eps); }
+// BatchNorm without running statistics (track_running_stats=False): batch statistics in every mode
+at::Tensor batch_statistics_norm_of(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                                    double eps) {
+  return at::batch_norm(input, weight, bias, {}, {}, /*training=*/true, /*momentum=*/0.1, eps,
+                        /*cudnn_enabled=*/false);
+}
 
-at::Tensor instance_norm_backward(const at::Tensor& grad, const at::Tensor& input, double eps) {
-  auto forward = [eps](const std::vector<at::Tensor>& inputs) { return instance_norm_of(inputs[0], {}, {}, eps); };
+template <Norm kNorm>
+at::Tensor norm(const at::Tensor& input, double eps) {
+  return kNorm(input, {}, {}, eps);
+}
+
+template <Norm kNorm>
+at::Tensor norm_backward(const at::Tensor& grad, const at::Tensor& input, double eps) {
+  auto forward = [eps](const std::vector<at::Tensor>& inputs) { return kNorm(inputs[0], {}, {}, eps); };
   return vjp(forward, {input}, {true}, grad)[0];
 }
 
-at::Tensor instance_norm_affine(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
-                                double eps) {
-  return instance_norm_of(input, weight, bias, eps);
+template <Norm kNorm>
+at::Tensor norm_affine(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  return kNorm(input, weight, bias, eps);
 }
 
-template <bool kInput, bool kWeight, bool kBias>
-Grads instance_norm_affine_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
-                                    const at::Tensor& bias, double eps) {
-  auto forward = [eps](const std::vector<at::Tensor>& inputs) {
-    return instance_norm_of(inputs[0], inputs[1], inputs[2], eps);
-  };
+template <Norm kNorm, bool kInput, bool kWeight, bool kBias>
+Grads norm_affine_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                           const at::Tensor& bias, double eps) {
+  auto forward = [eps](const std::vector<at::Tensor>& inputs) { return kNorm(inputs[0], inputs[1], inputs[2], eps); };
   auto grads = vjp(forward, {input, weight, bias}, {kInput, kWeight, kBias}, grad);
   return {grads[0], grads[1], grads[2]};
 }
@@ -76,13 +89,16 @@ at::Tensor embedding_bag_backward(const at::Tensor& grad, const at::Tensor& weig
 }  // namespace
 
 #define PRELU_BACKWARD "(Tensor grad, Tensor self, Tensor weight) -> (Tensor, Tensor)"
-#define INSTANCE_NORM_AFFINE "(Tensor input, Tensor weight, Tensor bias, float eps) -> Tensor"
-#define INSTANCE_NORM_AFFINE_BACKWARD \
+#define NORM_AFFINE "(Tensor input, Tensor weight, Tensor bias, float eps) -> Tensor"
+#define NORM_AFFINE_BACKWARD \
   "(Tensor grad, Tensor input, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)"
-#define DEFINE_INSTANCE_NORM_OVERLOAD(overload, input, weight, bias)                    \
-  m.def("instance_norm_affine" overload INSTANCE_NORM_AFFINE, &instance_norm_affine); \
-  m.def("instance_norm_affine_backward" overload INSTANCE_NORM_AFFINE_BACKWARD,       \
-        &instance_norm_affine_backward<input, weight, bias>);
+#define DEFINE_NORM_OVERLOAD(overload, input, weight, bias)                                                        \
+  m.def("instance_norm_affine" overload NORM_AFFINE, &norm_affine<instance_norm_of>);                               \
+  m.def("instance_norm_affine_backward" overload NORM_AFFINE_BACKWARD,                                              \
+        &norm_affine_backward<instance_norm_of, input, weight, bias>);                                              \
+  m.def("batch_statistics_norm_affine" overload NORM_AFFINE, &norm_affine<batch_statistics_norm_of>);               \
+  m.def("batch_statistics_norm_affine_backward" overload NORM_AFFINE_BACKWARD,                                      \
+        &norm_affine_backward<batch_statistics_norm_of, input, weight, bias>);
 #define EMBEDDING_BAG_ARGUMENTS \
   "Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq, int mode, bool include_last_offset, " \
   "int padding_idx"
@@ -94,9 +110,12 @@ TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   m.def("prelu_backward" PRELU_BACKWARD, &prelu_backward<true, true>);
   m.def("prelu_backward.self" PRELU_BACKWARD, &prelu_backward<true, false>);
   m.def("prelu_backward.weight" PRELU_BACKWARD, &prelu_backward<false, true>);
-  m.def("instance_norm(Tensor input, float eps) -> Tensor", &instance_norm);
-  m.def("instance_norm_backward(Tensor grad, Tensor input, float eps) -> Tensor", &instance_norm_backward);
-  GRADIENT_OVERLOADS(DEFINE_INSTANCE_NORM_OVERLOAD)
+  m.def("instance_norm(Tensor input, float eps) -> Tensor", &norm<instance_norm_of>);
+  m.def("instance_norm_backward(Tensor grad, Tensor input, float eps) -> Tensor", &norm_backward<instance_norm_of>);
+  m.def("batch_statistics_norm(Tensor input, float eps) -> Tensor", &norm<batch_statistics_norm_of>);
+  m.def("batch_statistics_norm_backward(Tensor grad, Tensor input, float eps) -> Tensor",
+        &norm_backward<batch_statistics_norm_of>);
+  GRADIENT_OVERLOADS(DEFINE_NORM_OVERLOAD)
   m.def("embedding_bag(" EMBEDDING_BAG_ARGUMENTS ") -> Tensor", &embedding_bag);
   m.def("embedding_bag_backward(Tensor grad, " EMBEDDING_BAG_ARGUMENTS ") -> Tensor", &embedding_bag_backward);
 }
