@@ -264,6 +264,8 @@ def install() -> None:
         onnx_gradients,
         op_rewrites,
         pad_shuffle,
+        random_ops,
+        reductions,
         scalar_inputs,
         split_gradients,
         unbind,
@@ -275,6 +277,8 @@ def install() -> None:
     pad_shuffle.register()
     math_ops.register()
     layers.register()
+    random_ops.register()
+    reductions.register()
     onnx_gradients.register()
     channels_last.register_gradients()
     batchnorm.register()
