@@ -54,3 +54,36 @@ def test_function_trains_in_ort_like_eager(function: Callable[[torch.Tensor], to
     assert_ort_ran(ort, 4)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+def _ties(h: torch.Tensor, reduce: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Every element tied with its detached copy: eager gives each half the gradient."""
+    return reduce(torch.stack([h, h.detach()], -1), -1)
+
+
+REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "norm": lambda h: h / (1 + h.norm(dim=-1)).unsqueeze(-1),
+    "norm-keepdim": lambda h: h / (1 + h.norm(dim=-1, keepdim=True)),
+    "norm-full": lambda h: h / (1 + h.norm()),
+    "norm-p1": lambda h: h / (1 + torch.norm(h, p=1, dim=(0, 1))),
+    "norm-with-zeros": lambda h: h * F.relu(h - 1).norm(dim=-1, keepdim=True),
+    "vector-norm-inf": lambda h: h / (1 + torch.linalg.vector_norm(h, float("inf"), dim=1, keepdim=True)),
+    "vector-norm-fractional": lambda h: torch.linalg.vector_norm(h, 1.5, dim=-1, keepdim=True),
+    "linalg-norm": lambda h: torch.linalg.norm(h, dim=-1, keepdim=True),
+    "normalize": lambda h: F.normalize(h, dim=-1),
+    "prod": lambda h: torch.prod(torch.sigmoid(h) + 0.5, dim=1, keepdim=True),
+    "prod-with-zeros": lambda h: torch.prod(F.relu(h), -1, keepdim=True),
+    "prod-full": lambda h: h * torch.prod(torch.sigmoid(h[0]) + 0.5),
+    "amax": lambda h: h - h.amax(1, keepdim=True),
+    "amax-ties": lambda h: _ties(h, torch.amax),
+    "amin-ties": lambda h: _ties(h, torch.amin),
+    "amin-full": lambda h: h - h.amin(),
+}
+
+
+@pytest.mark.parametrize("function", REDUCTIONS.values(), ids=REDUCTIONS.keys())
+def test_reduction_trains_in_ort_like_eager(function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    eager, ort = fit_both(lambda: Between(function), sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

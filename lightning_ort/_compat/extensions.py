@@ -198,6 +198,8 @@ def aten_ops_sources() -> list[Path]:
         "activation_ops.cc",
         "math_ops.cc",
         "layer_ops.cc",
+        "pooling_ops.cc",
+        "reduction_ops.cc",
     )
     return [Path(__file__).parent / "csrc" / name for name in names]
 

@@ -264,6 +264,7 @@ def install() -> None:
         onnx_gradients,
         op_rewrites,
         pad_shuffle,
+        pooling,
         random_ops,
         reductions,
         scalar_inputs,
@@ -278,6 +279,7 @@ def install() -> None:
     math_ops.register()
     layers.register()
     random_ops.register()
+    pooling.register()
     reductions.register()
     onnx_gradients.register()
     channels_last.register_gradients()

@@ -20,6 +20,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <tuple>
 
 #include "overloads.h"
@@ -139,14 +140,32 @@ at::Tensor heads_second(const at::Tensor& tensor, bool transposed) {
   return transposed ? tensor.transpose(1, 2) : tensor;
 }
 
+// ORT hands boolean tensors over as uint8 (DLPack); a view of the same bytes as bool
+at::Tensor as_bool(const at::Tensor& mask) { return mask.scalar_type() == at::kByte ? mask.view(at::kBool) : mask; }
+
+// An attention mask as given to eager's scaled_dot_product_attention: a uint8 one was boolean
+// (eager accepts no integer masks).
+c10::optional<at::Tensor> given_mask(const c10::optional<at::Tensor>& mask) {
+  return mask.has_value() ? c10::optional<at::Tensor>(as_bool(*mask)) : mask;
+}
+
+// The mask the flash kernels take for a boolean one (True: attend), as eager's
+// scaled_dot_product_attention converts it before calling them: 0 where True, -inf where False.
+c10::optional<at::Tensor> additive_mask(const c10::optional<at::Tensor>& mask, const at::Tensor& query) {
+  if (!mask.has_value() || mask->scalar_type() != at::kBool) return mask;
+  return at::zeros_like(*mask, query.options()).masked_fill_(mask->logical_not(),
+                                                              -std::numeric_limits<double>::infinity());
+}
+
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
-                                             const c10::optional<at::Tensor>& mask, c10::optional<double> scale,
+                                             const c10::optional<at::Tensor>& mask_, c10::optional<double> scale,
                                              bool is_causal, bool transposed) {
+  auto mask = given_mask(mask_);
   auto query = heads_second(query_, transposed), key = heads_second(key_, transposed),
        value = heads_second(value_, transposed);
   if (uses_flash(query, key, value, mask, scale, is_causal)) {
-    auto [output, logsumexp] =
-        at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal, mask, scale);
+    auto [output, logsumexp] = at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
+                                                                               additive_mask(mask, query), scale);
     return {heads_second(output, transposed), logsumexp};
   }
   auto statistic_sizes = query.sizes().slice(0, query.dim() - 1);
@@ -171,20 +190,22 @@ class GilReleased {
 template <bool kQuery, bool kKey, bool kValue, bool kMask>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& grad_, const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
-    const c10::optional<at::Tensor>& mask, c10::optional<double> scale, bool is_causal, bool transposed,
+    const c10::optional<at::Tensor>& mask_, c10::optional<double> scale, bool is_causal, bool transposed,
     const at::Tensor& output_, const at::Tensor& logsumexp) {
+  auto mask = given_mask(mask_);
   auto grad = heads_second(grad_, transposed), query = heads_second(query_, transposed),
        key = heads_second(key_, transposed), value = heads_second(value_, transposed);
   at::Tensor grad_query, grad_key, grad_value, grad_mask;
   if (!kMask && uses_flash(query, key, value, mask, scale, is_causal)) {
     std::tie(grad_query, grad_key, grad_value) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        grad, query, key, value, heads_second(output_, transposed), logsumexp, 0.0, is_causal, mask, scale);
+        grad, query, key, value, heads_second(output_, transposed), logsumexp, 0.0, is_causal,
+        additive_mask(mask, query), scale);
   } else {  // the math path (or a mask that needs a gradient): recomputed, differentiated by autograd
     c10::AutoGradMode grad_mode(true);
     std::vector<at::Tensor> inputs = {query.detach().requires_grad_(), key.detach().requires_grad_(),
                                       value.detach().requires_grad_()};
     c10::optional<at::Tensor> attention_mask = mask;
-    if (kMask && mask.has_value()) {
+    if (kMask && mask.has_value() && mask->is_floating_point()) {  // a boolean mask has no gradient
       attention_mask = mask->detach().requires_grad_();
       inputs.push_back(*attention_mask);
     }
@@ -238,9 +259,6 @@ at::Tensor softmax(const at::Tensor& input, int64_t dim) { return at::_softmax(i
 at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& output, int64_t dim) {
   return at::_softmax_backward_data(grad, output, dim, output.scalar_type());
 }
-
-// ORT hands boolean tensors over as uint8 (DLPack); a view of the same bytes as bool
-at::Tensor as_bool(const at::Tensor& mask) { return mask.scalar_type() == at::kByte ? mask.view(at::kBool) : mask; }
 
 // `input_sizes` (unused forward): masked_fill broadcasts `input` against `mask`, and the gradient is
 // summed back to the input's shape, as autograd's engine does

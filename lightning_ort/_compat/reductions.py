@@ -1,0 +1,128 @@
+"""Reductions ORT could not train, on torch's kernels inside ORT's graph.
+
+torch exports vector norms (``torch.norm``, ``Tensor.norm``, ``torch.linalg.vector_norm``,
+``torch.linalg.norm`` without ``ord``), ``torch.prod``, ``amax`` and ``amin`` as ONNX ``ReduceL1``/
+``ReduceL2``/``ReduceProd``/``ReduceMax``/``ReduceMin``; ORT 1.19.2 has no gradient for most of them
+and builds an invalid gradient graph for ``ReduceL2`` without ``keepdim`` or over all elements, so
+models using them fell back to PyTorch. They are exported as ATen nodes running torch's operators,
+with eager autograd's own gradients (``csrc/reduction_ops.cc``): a norm's gradient is 0 where the
+norm is, a product's is exact with zero factors, and amax/amin split it evenly among tied maxima,
+whatever ``op_rewrites`` says. A norm with an explicit ``dtype`` keeps torch's export.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import (
+    _type_utils,
+    symbolic_helper,
+    symbolic_opset9,
+    symbolic_opset11,
+    symbolic_opset18,
+)
+
+from lightning_ort._compat.gradient_overloads import register_simple_gradient
+from lightning_ort._compat.torch_kernels import ATEN
+
+_VECTOR_NORM = "lightning_ort::vector_norm"
+_PROD = "lightning_ort::prod"
+
+
+def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
+    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
+
+
+def _dims(dim: Any) -> list[int] | None:
+    """The constant dimensions ``dim`` names (empty for None: all of them), or None if not constant."""
+    if dim is None or symbolic_helper._is_none(dim):
+        return []
+    try:
+        dims = symbolic_helper._maybe_get_const(dim, "is")
+    except TypeError:  # a single int (prod's dim)
+        dims = [symbolic_helper._maybe_get_const(dim, "i")]
+    if symbolic_helper._is_value(dims) or any(symbolic_helper._is_value(value) for value in dims):
+        return None
+    return [int(value) for value in dims]
+
+
+def _reduced(g: Any, operator: str, input: Any, arguments: list[Any], dims: list[int], keep: bool) -> Any:
+    """The ATen node running ``operator``, typed with the rank its reduction over ``dims`` leaves."""
+    output = g.op(ATEN, input, *arguments, operator_s=operator)
+    rank = symbolic_helper._get_tensor_rank(input)
+    if rank is not None:
+        reduced = rank if not dims or rank == 0 else len({dim % rank for dim in dims})
+        output.setType(input.type().with_sizes([None] * (rank if keep else rank - reduced)))
+    return output
+
+
+def _vector_norm(g: Any, self: Any, ord: Any, dim: Any, keepdim: Any, dtype: Any) -> Any:
+    order = symbolic_helper._maybe_get_const(ord, "f")
+    dims = _dims(dim)
+    keep = symbolic_helper._maybe_get_const(keepdim, "b")
+    if (
+        symbolic_helper._is_value(order)
+        or dims is None
+        or symbolic_helper._is_value(keep)
+        or not symbolic_helper._is_none(dtype)
+    ):
+        fallback = symbolic_opset18 if g.opset >= 18 else symbolic_opset11
+        return fallback.linalg_vector_norm(g, self, ord, dim, keepdim, dtype)
+    return _norm_node(g, self, float(order), dims, bool(keep))
+
+
+def _norm_node(g: Any, self: Any, order: float, dims: list[int], keep: bool) -> Any:
+    arguments = [_constant(g, order, torch.float64), _constant(g, dims, torch.int64), _constant(g, keep, torch.bool)]
+    return _reduced(g, _VECTOR_NORM, self, arguments, dims, keep)
+
+
+def _linalg_norm(g: Any, self: Any, ord: Any, dim: Any, keepdim: Any, dtype: Any) -> Any:
+    """``torch.linalg.norm`` without ``ord``: the 2-norm over ``dim`` (a vector norm), as torch computes it."""
+    dims = _dims(dim)
+    keep = symbolic_helper._maybe_get_const(keepdim, "b")
+    explicit = not symbolic_helper._is_none(ord) or not symbolic_helper._is_none(dtype)
+    if explicit or dims is None or symbolic_helper._is_value(keep):
+        return symbolic_opset9.linalg_norm(g, self, ord, dim, keepdim, dtype)
+    return _norm_node(g, self, 2.0, dims, bool(keep))
+
+
+def _prod(g: Any, self: Any, *arguments: Any) -> Any:
+    """``torch.prod(x, dtype=None)`` or ``torch.prod(x, dim, keepdim, dtype=None)``."""
+    dim, keepdim, dtype = arguments if len(arguments) == 3 else (None, False, arguments[0])
+    dims = _dims(dim)
+    keep = symbolic_helper._maybe_get_const(keepdim, "b")
+    if dims is None or symbolic_helper._is_value(keep):
+        symbolic_helper._onnx_unsupported("prod with a dimension that is not constant", self)
+    if dtype is not None and not symbolic_helper._is_none(dtype):  # torch casts the input first
+        onnx_type = _type_utils.JitScalarType(symbolic_helper._get_const(dtype, "i", "dtype")).onnx_type()
+        self = g.op("Cast", self, to_i=onnx_type)
+    arguments = [_constant(g, dims, torch.int64), _constant(g, bool(keep), torch.bool)]
+    return _reduced(g, _PROD, self, arguments, dims, bool(keep))
+
+
+def _extremum(operator: str) -> Any:
+    def symbolic(g: Any, self: Any, dim: Any, keepdim: Any) -> Any:
+        dims = _dims(dim)
+        keep = symbolic_helper._maybe_get_const(keepdim, "b")
+        if dims is None or symbolic_helper._is_value(keep):
+            symbolic_helper._onnx_unsupported(f"{operator} with dimensions that are not constant", self)
+        arguments = [_constant(g, dims, torch.int64), _constant(g, bool(keep), torch.bool)]
+        return _reduced(g, operator, self, arguments, dims, bool(keep))
+
+    return symbolic
+
+
+def register() -> None:
+    """Register the symbolics and gradients with ORT's registries (process-wide)."""
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    CustomOpSymbolicRegistry.register("linalg_vector_norm", "", _vector_norm)
+    CustomOpSymbolicRegistry.register("linalg_norm", "", _linalg_norm)
+    CustomOpSymbolicRegistry.register("prod", "", _prod)
+    for operator in ("amax", "amin"):
+        CustomOpSymbolicRegistry.register(operator, "", _extremum(operator))
+        register_simple_gradient(operator, f"lightning_ort::{operator}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"])
+    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"]
+    register_simple_gradient(_VECTOR_NORM, "lightning_ort::vector_norm_backward", inputs)
+    register_simple_gradient(_PROD, "lightning_ort::prod_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"])
