@@ -121,14 +121,15 @@ class ORTGuard:
             return self._torch_forward(*args, **kwargs)
         # The graph also bakes in every submodule's train/eval mode (a BatchNorm frozen in eval mode
         # mid-training, for instance); another combination needs a new export.
-        modes = tuple(module.training for module in self.owner.modules())
+        modules = list(self.owner.modules())
+        modes = tuple(module.training for module in modules)
         if self._graph_modes.setdefault(graph, modes) != modes:
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
             _compat.export_again(self._ort_module, graph)
             self._graph_modes[graph] = modes
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
-            self._check_python_state()
+            self._check_python_state(modules)
             output = self._ort_module(*args, **kwargs)
         except Exception as error:
             self._give_up(error, graph, autocast)
@@ -139,10 +140,10 @@ class ORTGuard:
         self.report.ort_calls += 1
         return output
 
-    def _check_python_state(self) -> None:
+    def _check_python_state(self, modules: list[torch.nn.Module]) -> None:
         """Raise if Python state the graph cannot follow changed since the export: a value the export
         read, or a forward hook registered on a submodule (such hooks run during the export only)."""
-        problem = _compat.changed_python_read(self._adapter) or _compat.hooks_problem(self.owner)
+        problem = _compat.changed_python_read(self._adapter) or _compat.hooks_problem(self.owner, modules)
         if problem is not None:
             raise ORTUnsupportedModelError(problem)
 

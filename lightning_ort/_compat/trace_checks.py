@@ -73,17 +73,24 @@ def sparse_embeddings(module: torch.nn.Module) -> list[str]:
     return [name for name, layer in module.named_modules() if isinstance(layer, layers) and layer.sparse]
 
 
-def hooks_problem(owner: torch.nn.Module) -> str | None:
-    """Why Python forward hooks on ``owner``'s submodules would not work under ORT, if there are any
-    (the owner's own hooks run around lightning_ort's forward, outside ORT, as in eager)."""
+def hooks_problem(owner: torch.nn.Module, modules: list[torch.nn.Module]) -> str | None:
+    """Why Python forward hooks on ``owner``'s submodules (``modules``: ``owner.modules()``) would not
+    work under ORT, if there are any (the owner's own hooks run around lightning_ort's forward,
+    outside ORT, as in eager)."""
     from torch.nn.modules import module as torch_module
 
+    global_hooks = torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+    # runs before every call: the common case (no hooks) without building names
+    if not global_hooks and not any(
+        submodule._forward_hooks or submodule._forward_pre_hooks for submodule in modules if submodule is not owner
+    ):
+        return None
     hooked = []
     for name, submodule in owner.named_modules():
         hooks: list[Any] = [*submodule._forward_hooks.values(), *submodule._forward_pre_hooks.values()]
         if submodule is not owner and any(not isinstance(hook, _TRACEABLE_HOOKS) for hook in hooks):
             hooked.append(name)
-    if not hooked and not (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks):
+    if not hooked and not global_hooks:
         return None
     where = f"submodule(s) {', '.join(hooked)}" if hooked else "every module (register_module_forward_hook)"
     return (

@@ -23,6 +23,7 @@
 #include <limits>
 #include <tuple>
 
+#include "autograd_vjp.h"
 #include "overloads.h"
 
 namespace {
@@ -173,20 +174,6 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& query_, const at:
   return {heads_second(output, transposed), at::empty(statistic_sizes, query.options().dtype(at::kFloat))};
 }
 
-// torch's autograd engine refuses to run while its caller holds the GIL, which ORT's backward does.
-class GilReleased {
- public:
-  GilReleased() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
-  ~GilReleased() {
-    if (state_ != nullptr) PyEval_RestoreThread(state_);
-  }
-  GilReleased(const GilReleased&) = delete;
-  GilReleased& operator=(const GilReleased&) = delete;
-
- private:
-  PyThreadState* state_;
-};
-
 template <bool kQuery, bool kKey, bool kValue, bool kMask>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& grad_, const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
@@ -211,7 +198,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     }
     auto recomputed = at::scaled_dot_product_attention(inputs[0], inputs[1], inputs[2], attention_mask, 0.0,
                                                        is_causal, scale);
-    GilReleased gil_released;
+    lightning_ort::GilReleased gil_released;
     auto grads = torch::autograd::grad({recomputed}, inputs, {grad});
     grad_query = grads[0];
     grad_key = grads[1];

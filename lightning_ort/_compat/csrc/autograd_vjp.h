@@ -1,6 +1,7 @@
 // Gradients by eager autograd itself, for operators whose backward formulas torch keeps private
-// (cumprod, logcumsumexp, PReLU, InstanceNorm, EmbeddingBag): the forward runs again on the saved
-// inputs with autograd on, and torch::autograd::grad returns exactly what eager's backward would.
+// (cumprod, PReLU, the normalizations, some poolings and reductions): the forward runs again on the
+// saved inputs with autograd on, and torch::autograd::grad returns exactly what eager's backward
+// would.
 
 #pragma once
 
@@ -18,14 +19,14 @@ using Forward = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
 // torch's autograd engine refuses to run while the calling thread holds Python's GIL, which it does
 // when ORT runs a backward pass from Python; released for the scope, if held.
-class WithoutGil {
+class GilReleased {
  public:
-  WithoutGil() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
-  ~WithoutGil() {
+  GilReleased() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~GilReleased() {
     if (state_ != nullptr) PyEval_RestoreThread(state_);
   }
-  WithoutGil(const WithoutGil&) = delete;
-  WithoutGil& operator=(const WithoutGil&) = delete;
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
 
  private:
   PyThreadState* state_;
@@ -53,7 +54,7 @@ inline std::vector<at::Tensor> vjp(const Forward& forward, const std::vector<at:
   std::vector<at::Tensor> grads(inputs.size());
   if (with_grad.empty()) return grads;
   auto output = forward(leaves);
-  WithoutGil released;
+  GilReleased released;
   auto computed = torch::autograd::grad({output}, with_grad, {grad}, false, false, true);
   size_t next = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
