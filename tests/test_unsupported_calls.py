@@ -1,6 +1,6 @@
 """Calls ORT's graph cannot follow get a clear error or a clear fallback, never a crash or wrong training:
-a second backward through one forward, gradients differentiated again (create_graph=True), and
-Python bool/int/float/None arguments of forward."""
+a second backward through one forward, gradients differentiated again (create_graph=True), Python
+bool/int/float/None arguments of forward, and inputs that require grad in one call and not the next."""
 
 from __future__ import annotations
 
@@ -147,6 +147,28 @@ def test_gradient_penalty_trains_with_the_fix_the_error_names() -> None:
 def test_create_graph_without_second_differentiation_matches_eager() -> None:
     eager, ort = fit_both(CreateGraphOnlyOnce, mlp_loader, STEPS)
     assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class AdversarialStep(Net):
+    """FGSM: the input's gradient, then a forward on the perturbed input that needs none, and back.
+
+    ORT rebuilt its gradient graph for the second forward still asking for the input's gradient,
+    and failed (op_rewrites) or computed it for nothing."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        x = x.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(F.cross_entropy(self(x), y), x)
+        self.log("grad_norm", grad.norm())
+        return F.cross_entropy(self((x + 0.1 * grad.sign()).detach()), y)
+
+
+@pytest.mark.parametrize("op_rewrites", [True, False])
+def test_inputs_that_alternate_requiring_grad_train_like_eager(op_rewrites: bool) -> None:
+    eager, ort = fit_both(AdversarialStep, mlp_loader, STEPS, strategy=ORTStrategy(op_rewrites=op_rewrites))
+    assert_ort_ran(ort, 2 * STEPS)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
 
