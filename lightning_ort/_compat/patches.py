@@ -293,6 +293,7 @@ def install() -> None:
         pooling,
         random_ops,
         reductions,
+        rnn,
         scalar_inputs,
         split_gradients,
         unbind,
@@ -307,6 +308,7 @@ def install() -> None:
     random_ops.register()
     pooling.register()
     reductions.register()
+    rnn.register()
     onnx_gradients.register()
     channels_last.register_gradients()
     batchnorm.register()

@@ -1,0 +1,78 @@
+"""``nn.RNN`` trains in ORT like eager, on torch's kernels (rnn.py); before, ORT had no gradient for
+``RNN`` and every model with one fell back to PyTorch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base, sequence_batches
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lightning_ort import ORTStrategy
+
+STEPS = 4
+
+
+class Recurrent(Base):
+    """An ``nn.RNN`` and a head over its outputs and final states, optionally from a learned state
+    or after a frozen input layer (the input needs a gradient, the RNN's weights none)."""
+
+    def __init__(self, learned_state: bool = False, frozen: bool = False, **rnn: Any) -> None:
+        super().__init__()
+        self.input = nn.Linear(8, 8)
+        self.rnn = nn.RNN(8, 6, **rnn)
+        self.rnn.requires_grad_(not frozen)
+        self.batch_first = rnn.get("batch_first", False)
+        states = rnn.get("num_layers", 1) * (2 if rnn.get("bidirectional") else 1)
+        self.h0 = nn.Parameter(0.1 * torch.randn(states, 1, 6)) if learned_state else None
+        self.head = nn.Linear(6 * (2 if rnn.get("bidirectional") else 1) + 6 * states, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.input(x if self.batch_first else x.transpose(0, 1))
+        h0 = None if self.h0 is None else self.h0.expand(-1, x.shape[0 if self.batch_first else 1], -1).contiguous()
+        out, final = self.rnn(x, h0)
+        return self.head(torch.cat([out.mean(1 if self.batch_first else 0), final.transpose(0, 1).flatten(1)], 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+def sequences() -> DataLoader:
+    """Batches of varying size and length, a single step and a single sequence among them."""
+    return sequence_batches([(4, 6), (2, 9), (3, 1), (1, 6)], 8)
+
+
+@pytest.mark.parametrize(
+    "rnn",
+    [
+        {},
+        {"nonlinearity": "relu", "batch_first": True},
+        {"num_layers": 2},
+        {"bidirectional": True, "batch_first": True},
+        {"bidirectional": True, "num_layers": 2, "bias": False},
+        {"learned_state": True, "num_layers": 2},
+        {"frozen": True, "bidirectional": True},
+    ],
+    ids=["tanh", "relu-batch-first", "2-layers", "bidirectional", "bidirectional-2-layers-no-bias", "learned-state",
+         "frozen"],
+)  # fmt: skip
+def test_rnn_trains_in_ort_like_eager(rnn: dict[str, Any]) -> None:
+    eager, ort = fit_both(lambda: Recurrent(**rnn), sequences, STEPS, strategy=ORTStrategy(fallback="raise"))
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_rnn_dropout_between_layers_falls_back_with_the_reason() -> None:
+    eager, ort = fit_both(lambda: Recurrent(num_layers=2, dropout=0.0), sequences, STEPS)
+    assert_ort_ran(ort, STEPS)
+    _, ort = fit_both(lambda: Recurrent(num_layers=2, dropout=0.5), sequences, 1)
+    assert "dropout in training mode" in str(ort.reports[0].fallback_reason)
