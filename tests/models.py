@@ -282,6 +282,18 @@ class SparseEmbedding(MaxNormEmbedding):
         super().__init__(sparse=True)
 
 
+class InPlaceInput(MLP):
+    """Changes its input in place, and the loss uses the input again: eager sees the change."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x[:, 0] = 0.0
+        return self.head(self.body(x.mul_(2)))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y) + x.pow(2).mean()
+
+
 class HookedFeatures(MLP):
     """A forward hook on a submodule captures features for an extra loss term."""
 

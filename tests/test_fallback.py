@@ -15,6 +15,7 @@ from models import (
     BufferWriter,
     DataDependent,
     HookedFeatures,
+    InPlaceInput,
     MaxNormEmbedding,
     NoGradInForward,
     PerSampleLoop,
@@ -38,10 +39,11 @@ CASES = [
     (MaxNormEmbedding, "changes parameter(s) embedding.weight in place"),
     (SparseEmbedding, "embedding layer(s) embedding use sparse=True"),
     (HookedFeatures, "forward hooks are registered on submodule(s) body"),
+    (InPlaceInput, "its forward changes an input tensor in place"),
 ]
 IDS = [
     "autograd_function", "data_dependent", "buffer_write", "no_grad", "python_state", "shape_loop", "buffer_replaced",
-    "max_norm", "sparse_embedding", "forward_hook",
+    "max_norm", "sparse_embedding", "forward_hook", "in_place_input",
 ]  # fmt: skip
 
 

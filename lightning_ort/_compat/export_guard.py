@@ -372,6 +372,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         mutated, replaced = stack.enter_context(_preserved_buffers(module))
         stack.enter_context(python_reads.recorded_reads(python_reads.reads_of(_adapter(module)), _user_modules(module)))
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
+        inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
@@ -420,6 +421,12 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         raise ORTUnsupportedModelError(
             f"its forward changes parameter(s) {', '.join(in_place)} in place (nn.Embedding(max_norm=...) does); "
             "ORT's graph computes with the change but never writes it back to the parameter"
+        )
+    if trace_checks.changed_inputs(inputs):
+        raise ORTUnsupportedModelError(
+            "its forward changes an input tensor in place (x.mul_(2), x[:, 0] = 0, x.relu_()); ORT's graph works "
+            "on its own copy, so the caller's tensor would not change as it does in eager. Fix: use out-of-place "
+            "operations (x = x * 2), or clone the input first (x = x.clone())"
         )
     if index_conversions:
         raise ORTUnsupportedModelError(

@@ -10,7 +10,9 @@ Each one trained silently differently from eager PyTorch before it was checked:
 - Python forward hooks and pre-hooks on submodules: they run during the export only, so features
   captured by a hook were stale (weight normalisation and pruning hooks, which compute a weight
   from parameters, become part of the graph and are fine);
-- embeddings with ``sparse=True``: ORT computes dense gradients.
+- embeddings with ``sparse=True``: ORT computes dense gradients;
+- an input changed in place by ``forward`` (``x.mul_(2)``, ``x[:, 0] = 0``): ORT's graph works on
+  its own copy, so the caller's tensor stayed unchanged where eager changes it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,36 @@ def parameter_versions(module: torch.nn.Module) -> dict[str, int]:
 def changed_in_place(module: torch.nn.Module, versions: dict[str, int]) -> list[str]:
     """Parameters modified in place since ``versions`` was taken."""
     return [name for name, parameter in module.named_parameters() if versions.get(name, -1) != parameter._version]
+
+
+@contextlib.contextmanager
+def input_copies() -> Iterator[list[tuple[torch.Tensor, int]]]:
+    """The copies of the module's input tensors ORT's export runs the forward on, with their
+    in-place modification counters when copied."""
+    from onnxruntime.training.ortmodule import _io
+
+    copies: list[tuple[torch.Tensor, int]] = []
+    original = _io.deepcopy_model_input
+
+    def deepcopy_model_input(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        values = (*result[0], *result[1].values())
+        # inference tensors (torch.inference_mode(): predict, validate) have no counter and go unchecked
+        copies.extend(
+            (value, value._version) for value in values if torch.is_tensor(value) and not value.is_inference()
+        )
+        return result
+
+    _io.deepcopy_model_input = deepcopy_model_input
+    try:
+        yield copies
+    finally:
+        _io.deepcopy_model_input = original
+
+
+def changed_inputs(copies: list[tuple[torch.Tensor, int]]) -> bool:
+    """Whether the forward changed any of ``copies`` in place."""
+    return any(tensor._version != version for tensor, version in copies)
 
 
 def sparse_embeddings(module: torch.nn.Module) -> list[str]:
