@@ -124,6 +124,12 @@ class ORTGuard:
         modules = list(self.owner.modules())
         modes = tuple(module.training for module in modules)
         if self._graph_modes.setdefault(graph, modes) != modes:
+            if graph and _compat.backward_pending(self._ort_module):
+                # a new graph now would free the state that forward's backward needs (SIGSEGV)
+                log.info("lightning_ort: train/eval modes in %s changed before a backward; PyTorch runs this call",
+                         self.report.name)  # fmt: skip
+                self.report.torch_calls += 1
+                return self._torch_forward(*args, **kwargs)
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
             _compat.export_again(self._ort_module, graph)
             self._graph_modes[graph] = modes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
 from models import CNN, MLP, image_loader, mlp_loader
 
@@ -46,3 +47,25 @@ def test_module_in_eval_mode_still_trains_through_ort() -> None:
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)  # dropout is off in both: eval mode is kept inside the graph
     assert_states_match(eager, ort)
+
+
+class EvalAndTrainOutputsInOneLoss(CNN):
+    """One loss over a forward in eval mode and one in train mode (consistency regularisation): a new
+    export for the second call, before the first one's backward, killed the process (SIGSEGV)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        self.eval()
+        reference = self(x)
+        self.train()
+        return F.cross_entropy(self(x), y) + 0.1 * F.cross_entropy(reference, y)
+
+
+def test_eval_and_train_calls_before_one_backward_train_like_eager() -> None:
+    eager, ort = fit_both(EvalAndTrainOutputsInOneLoss, image_loader, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    (report,) = ort.reports
+    # ORT runs the eval-mode call; the train-mode one, whose graph would need a new export while the
+    # first call's backward is pending, runs in PyTorch
+    assert report.fallback_reason is None and report.ort_calls == 4 and report.torch_calls == 4

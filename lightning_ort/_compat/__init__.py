@@ -37,6 +37,7 @@ from lightning_ort._compat.memory_arena import stats as memory_arena_stats
 from lightning_ort._compat.python_reads import changed_read as changed_python_read
 from lightning_ort._compat.runtime import (
     ORTRuntimeOptions,
+    backward_pending,
     end_profiling,
     export_again,
     exported_model,
@@ -72,6 +73,7 @@ __all__ = [
     "custom_function_support",
     "custom_function_support_enabled",
     "end_profiling",
+    "backward_pending",
     "export_again",
     "exported_model",
     "processed_model",

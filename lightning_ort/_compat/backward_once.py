@@ -10,11 +10,16 @@ object has no attribute 'state'``.
 Under ``create_graph=True`` (gradient penalties, double backward) the gradients ORT returns were
 plain tensors without a history: the penalty built from them trained as if its gradient were zero,
 silently. They now carry a node that raises :class:`ORTUnsupportedModelError` when differentiated.
+
+The run states whose backward has not run yet are also tracked (:func:`backward_pending`): building
+new graphs while one is pending (a forward in eval mode, then one in train mode, one loss over both)
+made the pending backward run on freed state, and the process died with SIGSEGV.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -37,6 +42,9 @@ DOUBLE_BACKWARD = (
     "gradient penalty such as WGAN-GP or R1, double backward, Hessian-vector products): the gradients "
     "ORT computes are not differentiable by PyTorch. " + _FIX + "."
 )
+
+
+_PENDING_ATTR = "_lightning_ort_pending_runs"
 
 
 class _NotDifferentiable(torch.autograd.Function):
@@ -74,8 +82,25 @@ def _checked_backward(original: Any, manager: Any) -> Any:
     return backward
 
 
+def _tracked_forward(original: Any, pending: weakref.WeakSet[Any]) -> Any:
+    @functools.wraps(original)
+    def forward(ctx: Any, *inputs: Any) -> Any:
+        outputs = original(ctx, *inputs)
+        if getattr(ctx, "run_info", None) is not None:
+            pending.add(ctx.run_info)  # lives as long as the autograd graph that can still run backward
+        return outputs
+
+    return forward
+
+
+def backward_pending(manager: Any) -> bool:
+    """Whether a forward run of ORT's training ``manager`` still awaits its backward run."""
+    return any(hasattr(run_info, "state") for run_info in getattr(manager, _PENDING_ATTR, ()))
+
+
 def install() -> None:
-    """Check every ORT training backward run: a second run per forward, and create_graph=True."""
+    """Check every ORT training backward run: a second run per forward, and create_graph=True; track
+    the forward runs whose backward has not run."""
     from onnxruntime.training.ortmodule._training_manager import TrainingManager
 
     original = TrainingManager._create_autofunction_class
@@ -83,6 +108,11 @@ def install() -> None:
     @functools.wraps(original)
     def _create_autofunction_class(self: Any) -> Any:
         function = original(self)
+        pending = getattr(self, _PENDING_ATTR, None)
+        if pending is None:
+            pending = weakref.WeakSet()
+            setattr(self, _PENDING_ATTR, pending)
+        function.forward = staticmethod(_tracked_forward(function.forward, pending))
         function.backward = staticmethod(_checked_backward(function.backward, self))
         return function
 

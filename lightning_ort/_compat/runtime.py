@@ -11,7 +11,7 @@ from typing import Any
 import onnx
 import torch
 
-from lightning_ort._compat import memory_arena
+from lightning_ort._compat import backward_once, memory_arena
 from lightning_ort._compat.loader import ortmodule_package
 from lightning_ort._compat.patches import (
     CHANNELS_LAST_ATTR,
@@ -183,6 +183,11 @@ def set_training_flag(ort_module: torch.nn.Module, graph: bool, module_training:
     flattened = ort_module._torch_module._flattened_module
     ort_module.training = flattened.training = graph
     flattened._original_module.training = module_training
+
+
+def backward_pending(ort_module: torch.nn.Module) -> bool:
+    """Whether a forward call of ORT's training graph still awaits its backward pass."""
+    return backward_once.backward_pending(_execution_managers(ort_module)[0])
 
 
 def export_again(ort_module: torch.nn.Module, graph: bool) -> None:
