@@ -201,6 +201,7 @@ def aten_ops_sources() -> list[Path]:
         "pooling_ops.cc",
         "reduction_ops.cc",
         "rnn_ops.cc",
+        "einsum_ops.cc",
     )
     return [Path(__file__).parent / "csrc" / name for name in names]
 

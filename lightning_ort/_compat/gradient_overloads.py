@@ -37,6 +37,7 @@ OPERATORS = {
     "lightning_ort::instance_norm_affine": ("input", "weight", "bias"),
     "lightning_ort::batch_statistics_norm_affine": ("input", "weight", "bias"),
     "lightning_ort::rnn_layer": ("input", "hx", "weights"),
+    "lightning_ort::einsum2": ("self", "other"),
 }
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.

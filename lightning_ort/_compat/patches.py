@@ -285,6 +285,7 @@ def install() -> None:
         channels_last,
         conv_padding,
         detach,
+        einsum,
         layers,
         math_ops,
         onnx_gradients,
@@ -309,6 +310,7 @@ def install() -> None:
     pooling.register()
     reductions.register()
     rnn.register()
+    einsum.register()
     onnx_gradients.register()
     channels_last.register_gradients()
     batchnorm.register()

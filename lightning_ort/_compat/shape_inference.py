@@ -75,6 +75,42 @@ def _matmul(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
     return [*batch, rows, columns]
 
 
+def _einsum(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    """The output of ``lightning_ort::einsum``/``einsum2`` (equation as character codes, last input)."""
+    codes = flags[-1]
+    operands = shapes[:-1]
+    if codes is None or any(shape is None for shape in operands):
+        return None
+    equation = "".join(chr(int(code)) for code in codes).replace(" ", "")
+    inputs, arrow, output = equation.partition("->")
+    sizes: dict[str, Any] = {}
+    ellipsis: Shape = []
+    for labels, shape in zip(inputs.split(","), operands, strict=True):
+        before, dots, after = labels.partition("...")
+        middle = len(shape) - len(before) - len(after)
+        if middle < 0 or (not dots and middle):
+            return None
+        if dots and middle > len(ellipsis):
+            ellipsis = shape[len(before) : len(before) + middle]
+        for label, dim in zip(before + after, shape[: len(before)] + shape[len(shape) - len(after) :], strict=True):
+            if sizes.get(label, 1) == 1:  # a label of size 1 broadcasts against the others
+                sizes[label] = dim
+    if not arrow:
+        letters = [label for label in inputs if label.isalpha()]
+        output = "..." + "".join(sorted(label for label in set(letters) if letters.count(label) == 1))
+    before, dots, after = output.partition("...")
+    if any(label not in sizes for label in before + after):
+        return None
+    return [sizes[label] for label in before] + (list(ellipsis) if dots else []) + [sizes[label] for label in after]
+
+
+def _rnn_layer(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    sequence, state = shapes[0], shapes[1]  # (time, batch, features), (batch, hidden)
+    if sequence is None or state is None or len(sequence) != 3 or len(state) != 2:
+        return None
+    return [sequence[0], sequence[1], state[1]]
+
+
 # Output 0 of lightning_ort's ATen operators (csrc/aten_ops.cc) from their inputs' shapes (and
 # constant inputs, ``flags``). Without them ORT's inference gives the outputs new symbols, which meet
 # the graph's own in the next broadcast (a residual connection's Add) and are made unknown there
@@ -90,6 +126,9 @@ _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None
     "lightning_ort::batch_norm": _same_as_input,
     "lightning_ort::attention": _attention,
     "lightning_ort::matmul": _matmul,
+    "lightning_ort::einsum": _einsum,
+    "lightning_ort::einsum2": _einsum,
+    "lightning_ort::rnn_layer": _rnn_layer,
     **{operator: _same_as_input for operator in activations.OPERATORS},
     **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in layers.SAME_SHAPE_OPERATORS},
