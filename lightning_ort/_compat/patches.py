@@ -285,6 +285,7 @@ def install() -> None:
         channels_last,
         conv_padding,
         detach,
+        indexing,
         layers,
         math_ops,
         onnx_gradients,
@@ -304,6 +305,7 @@ def install() -> None:
     pad_shuffle.register()
     math_ops.register()
     layers.register()
+    indexing.register()
     random_ops.register()
     pooling.register()
     reductions.register()
