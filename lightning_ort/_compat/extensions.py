@@ -200,6 +200,7 @@ def aten_ops_sources() -> list[Path]:
         "layer_ops.cc",
         "pooling_ops.cc",
         "reduction_ops.cc",
+        "distance_ops.cc",
     )
     return [Path(__file__).parent / "csrc" / name for name in names]
 

@@ -36,6 +36,8 @@ OPERATORS = {
     "lightning_ort::prelu": ("self", "weight"),
     "lightning_ort::instance_norm_affine": ("input", "weight", "bias"),
     "lightning_ort::batch_statistics_norm_affine": ("input", "weight", "bias"),
+    "lightning_ort::cdist": ("x1", "x2"),
+    "lightning_ort::pairwise_distance": ("x1", "x2"),
 }
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.

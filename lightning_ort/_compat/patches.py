@@ -285,6 +285,7 @@ def install() -> None:
         channels_last,
         conv_padding,
         detach,
+        distances,
         indexing,
         layers,
         math_ops,
@@ -306,6 +307,7 @@ def install() -> None:
     math_ops.register()
     layers.register()
     indexing.register()
+    distances.register()
     random_ops.register()
     pooling.register()
     reductions.register()
