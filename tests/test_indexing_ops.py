@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 # repeated targets: 1 twice, 7 three times (4, 5 and 6 never)
 INDEX = torch.tensor([0, 1, 1, 2, 7, 7, 7, 3])
 REPEATS = torch.tensor([1, 2, 1, 1, 0, 1, 1, 1])
+UNIQUE = torch.tensor([3, 1, 0, 2])
 
 
 class Between(Base):
@@ -70,6 +71,8 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "index-put-accumulate-broadcast": lambda h: _features_first(
         h, lambda t: t.index_put((INDEX,), t[:, :1], accumulate=True)
     ),
+    # without accumulate (unique indices), torch's own export is kept
+    "index-put-assign": lambda h: _features_first(h, lambda t: t.index_put((UNIQUE,), torch.tanh(t[:4]))),
     "scatter-reduce-sum": lambda h: h.scatter_reduce(-1, INDEX.expand_as(h), torch.tanh(h), "sum"),
     "flip-features": lambda h: h.flip(-1) * h,
     "flip-two-dims": lambda h: h.flip(1, 2) * h,
