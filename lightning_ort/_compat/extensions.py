@@ -202,6 +202,7 @@ def aten_ops_sources() -> list[Path]:
         "reduction_ops.cc",
         "rnn_ops.cc",
         "einsum_ops.cc",
+        "distance_ops.cc",
     )
     return [Path(__file__).parent / "csrc" / name for name in names]
 

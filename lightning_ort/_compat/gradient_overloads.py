@@ -38,6 +38,8 @@ OPERATORS = {
     "lightning_ort::batch_statistics_norm_affine": ("input", "weight", "bias"),
     "lightning_ort::rnn_layer": ("input", "hx", "weights"),
     "lightning_ort::einsum2": ("self", "other"),
+    "lightning_ort::cdist": ("x1", "x2"),
+    "lightning_ort::pairwise_distance": ("x1", "x2"),
 }
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.

@@ -285,7 +285,9 @@ def install() -> None:
         channels_last,
         conv_padding,
         detach,
+        distances,
         einsum,
+        indexing,
         layers,
         math_ops,
         onnx_gradients,
@@ -306,6 +308,8 @@ def install() -> None:
     pad_shuffle.register()
     math_ops.register()
     layers.register()
+    indexing.register()
+    distances.register()
     random_ops.register()
     pooling.register()
     reductions.register()

@@ -1,0 +1,68 @@
+"""Distances torch exports as formulas ORT computes wrongly, on torch's kernels inside ORT's graph.
+
+torch exports ``torch.cdist`` with ``p != 2`` (and small inputs with ``p == 2``) and
+``F.pairwise_distance`` as ``pow(sum(pow(x1 - x2, p)), 1/p)`` without the absolute value: NaN for
+odd or fractional ``p`` from the first step, a constant for ``p=inf``. ``cdist`` with ``p == 2``
+(the matrix product form) has a NaN gradient at an exact zero distance, where eager's is 0. Both
+trained silently wrong. They are exported as ATen nodes running torch's operators, with eager
+autograd's gradients (``csrc/distance_ops.cc``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9
+
+from lightning_ort._compat.gradient_overloads import register_gradient
+from lightning_ort._compat.torch_kernels import ATEN
+
+_CDIST = "lightning_ort::cdist"
+_PAIRWISE = "lightning_ort::pairwise_distance"
+
+
+def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
+    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
+
+
+def _cdist(g: Any, x1: Any, x2: Any, p: Any = 2.0, compute_mode: Any = None) -> Any:
+    norm = symbolic_helper._maybe_get_const(p, "f")
+    mode = -1 if compute_mode is None or symbolic_helper._is_none(compute_mode) else compute_mode
+    mode = symbolic_helper._maybe_get_const(mode, "i")
+    rank = symbolic_helper._get_tensor_rank(x1)
+    if symbolic_helper._is_value(norm) or symbolic_helper._is_value(mode) or rank is None:
+        return symbolic_opset9.cdist(g, x1, x2, p, compute_mode)
+    arguments = (_constant(g, float(norm), torch.float32), _constant(g, int(mode), torch.int64))
+    output = g.op(ATEN, x1, x2, *arguments, operator_s=_CDIST)
+    output.setType(x1.type().with_sizes([None] * rank))
+    return output
+
+
+def _pairwise_distance(g: Any, x1: Any, x2: Any, p: Any, eps: Any, keepdim: Any) -> Any:
+    arguments = ((p, "f"), (eps, "f"), (keepdim, "b"))
+    constants = [symbolic_helper._maybe_get_const(value, kind) for value, kind in arguments]
+    ranks = [symbolic_helper._get_tensor_rank(value) for value in (x1, x2)]
+    if any(symbolic_helper._is_value(value) for value in constants) or None in ranks:
+        return symbolic_opset9.pairwise_distance(g, x1, x2, p, eps, keepdim)
+    norm, epsilon, keep = constants
+    floats = (
+        _constant(g, float(norm), torch.float32),
+        _constant(g, float(epsilon), torch.float32),
+        _constant(g, bool(keep), torch.bool),
+    )
+    output = g.op(ATEN, x1, x2, *floats, operator_s=_PAIRWISE)
+    rank = max(ranks)  # broadcast inputs; the last dimension reduced unless kept
+    output.setType(x1.type().with_sizes([None] * (rank if keep or rank <= 1 else rank - 1)))
+    return output
+
+
+def register() -> None:
+    """Register the symbolics and gradients with ORT's registries (process-wide)."""
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    CustomOpSymbolicRegistry.register("cdist", "", _cdist)
+    CustomOpSymbolicRegistry.register("pairwise_distance", "", _pairwise_distance)
+    register_gradient(_CDIST, f"{_CDIST}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"], ["GI(0)", "GI(1)"])
+    register_gradient(_PAIRWISE, f"{_PAIRWISE}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "I(4)"],
+                      ["GI(0)", "GI(1)"])  # fmt: skip

@@ -1,0 +1,146 @@
+"""Indexing ops torch exports wrongly for ORT, or in a form ORT cannot train.
+
+- ``Tensor.index_add``: torch's export scatters the source (overwriting) where indices repeat, so
+  only one of the repeated rows arrives: silently wrong training. It is exported as
+  ``self + scatter_add(zeros, ...)`` (``ScatterElements`` with ``reduction="add"``, which ORT sums
+  and differentiates correctly for the source, but not for the data input), with the index expanded
+  to the source's shape and ``alpha`` applied to the source.
+- ``index_put(..., accumulate=True)``: the same overwrite. One integer index tensor over dimension
+  0 (``x.index_put((idx,), v, accumulate=True)``) is exported as that ``index_add``; other forms
+  are refused at export, so the model falls back to PyTorch with the reason.
+- ``scatter_reduce``: torch's export wraps the scatter in ``If`` nodes over the rank, and ORT's
+  gradient builder aborts the process on them (SIGABRT). ``"sum"`` with ``include_self=True`` is
+  exactly ``scatter_add``; the other reductions are refused at export.
+- ``torch.flip``: exported as ``Slice`` with step -1, whose gradient (``SliceGrad``) fails in ORT
+  over a dimension of static size. It runs torch's ``flip`` as an ATen node; its gradient is the
+  gradient flipped over the same dimensions.
+- ``repeat_interleave`` with a tensor of repeats: torch's export reshapes per repeat and ORT's
+  gradient fails when one of them is 0. The input is gathered at the positions torch's
+  ``repeat_interleave(repeats)`` gives (an ATen node); ``Gather``'s gradient sums the copies back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.onnx._internal.torchscript_exporter import (
+    _type_utils,
+    symbolic_helper,
+    symbolic_opset10,
+    symbolic_opset11,
+    symbolic_opset13,
+    symbolic_opset16,
+)
+
+from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node
+from lightning_ort._compat.torch_kernels import ATEN, _none, aten_like
+
+# ATen operators here whose output has the input's shape (shape_inference.py)
+SAME_SHAPE_OPERATORS = ("flip",)
+_INTEGERS = (_type_utils.JitScalarType.INT64, _type_utils.JitScalarType.INT)
+
+
+def _ints(g: Any, value: Any) -> Any:
+    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
+
+
+def _scatter_add(g: Any, self: Any, dim: int, index: Any, src: Any) -> Any:
+    """``self.scatter_add(dim, index, src)`` as ``self + scatter_add(zeros, ...)``: ORT's gradient of
+    ``ScatterElements``'s data input zeroes the scattered positions (an overwrite's gradient), wrong
+    for ``reduction="add"``; through the Add, ``self`` gets the whole gradient, as in eager."""
+    scalar_type = _type_utils.JitScalarType.from_value(self, _type_utils.JitScalarType.FLOAT)
+    zeros = g.op("ConstantOfShape", g.op("Shape", self), value_t=torch.tensor([0], dtype=scalar_type.dtype()))
+    zeros.setType(self.type())
+    return g.op("Add", self, symbolic_opset16.scatter_add(g, zeros, dim, index, src))
+
+
+def _index_add(g: Any, self: Any, dim: Any, index: Any, source: Any, alpha: Any = None) -> Any:
+    axis = symbolic_helper._maybe_get_const(dim, "i")
+    rank = symbolic_helper._get_tensor_rank(self)
+    if not isinstance(axis, int) or rank is None or symbolic_helper._get_tensor_rank(source) != rank:
+        return symbolic_helper._unimplemented("index_add", "dim or ranks unknown, or source of another rank", self)
+    axis = axis % max(rank, 1)
+    if alpha is not None and not symbolic_helper._is_none(alpha):
+        scale = symbolic_helper._maybe_get_const(alpha, "f")
+        if symbolic_helper._is_value(scale):
+            return symbolic_helper._unimplemented("index_add", "alpha not constant", self)
+        if scale != 1:
+            source_type = _type_utils.JitScalarType.from_value(source, _type_utils.JitScalarType.FLOAT)
+            source = g.op("Mul", source, g.op("Constant", value_t=torch.tensor(scale, dtype=source_type.dtype())))
+    # (n,) -> (1, ..., n, ..., 1) -> the source's shape: element [.., i, ..] of the source goes to index[i]
+    position = [-1 if axis_ == axis else 1 for axis_ in range(rank)]
+    index = g.op("Reshape", index, _ints(g, position))
+    index = g.op("Expand", index, g.op("Shape", source))
+    index.setType(index.type().with_sizes([None] * rank))
+    return _scatter_add(g, self, axis, index, source)
+
+
+def _index_put(g: Any, self: Any, indices_list: Any, values: Any, accumulate: Any = False) -> Any:
+    if symbolic_helper._maybe_get_const(accumulate, "b") is False:
+        return symbolic_opset11.index_put(g, self, indices_list, values, accumulate)
+    indices = symbolic_helper._unpack_list(indices_list) if symbolic_helper._is_packed_list(indices_list) else []
+    index = indices[0] if len(indices) == 1 else None
+    if (
+        index is None
+        or symbolic_helper._is_none(index)
+        or symbolic_helper._get_tensor_rank(index) != 1
+        or _type_utils.JitScalarType.from_value(index, _type_utils.JitScalarType.UNDEFINED) not in _INTEGERS
+        or symbolic_helper._get_tensor_rank(self) is None
+    ):
+        reason = "accumulate=True other than with one integer index tensor over dim 0 (would overwrite duplicates)"
+        return symbolic_helper._unimplemented("index_put", reason, self)
+    # the values broadcast to (n, *self.shape[1:]), as index_put broadcasts them
+    rest = g.op("Slice", g.op("Shape", self), _ints(g, [1]), _ints(g, [torch.iinfo(torch.int64).max]))
+    shape = g.op("Concat", g.op("Shape", index), rest, axis_i=0)
+    values = g.op("Expand", values, shape)
+    values.setType(self.type().with_sizes([None] * symbolic_helper._get_tensor_rank(self)))
+    return _index_add(g, self, _ints(g, 0), index, values)
+
+
+@symbolic_helper.parse_args("v", "i", "v", "v", "s", "b")
+def _scatter_reduce(g: Any, self: Any, dim: int, index: Any, src: Any, reduce: str, include_self: bool) -> Any:
+    if reduce == "sum" and include_self:
+        return _scatter_add(g, self, dim, index, src)
+    reason = f'reduce="{reduce}" with include_self={include_self} (ORT cannot build its gradient)'
+    return symbolic_helper._unimplemented("scatter_reduce", reason, self)
+
+
+def _flip(g: Any, input: Any, dims: Any) -> Any:
+    axes = symbolic_helper._maybe_get_const(dims, "is")
+    if symbolic_helper._is_value(axes):
+        return symbolic_opset10.flip(g, input, dims)
+    return aten_like(g, "flip", input, _ints(g, list(axes)))
+
+
+def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None, output_size: Any = None) -> Any:
+    axis = None if symbolic_helper._is_none(dim) else symbolic_helper._maybe_get_const(dim, "i")
+    sizes = symbolic_helper._get_tensor_sizes(repeats) if symbolic_helper._is_value(repeats) else None
+    rank = symbolic_helper._get_tensor_rank(self)
+    if sizes is None or len(sizes) != 1 or sizes == [1] or symbolic_helper._is_value(axis) or rank is None:
+        return symbolic_opset13.repeat_interleave(g, self, repeats, dim, output_size)
+    if axis is None:  # over the flattened input
+        self, axis, rank = g.op("Reshape", self, _ints(g, [-1])), 0, 1
+    # torch's own positions (0, 1, 1, 3, ... for repeats 1, 2, 0, 1, ...), gathered: GatherGrad sums them back
+    positions = g.op(ATEN, repeats, _none(g), operator_s="repeat_interleave", overload_name_s="Tensor")
+    positions.setType(repeats.type().with_sizes([None]))
+    output = g.op("Gather", self, positions, axis_i=axis % rank)
+    output.setType(self.type().with_sizes([None] * rank))
+    return output
+
+
+def _flip_gradient() -> list[Any]:
+    return [aten_node("flip", ["GO(0)", "I(1)"], ["GI(0)"])]
+
+
+def register() -> None:
+    """Register the symbolics and gradients with ORT's registries (process-wide)."""
+    from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    CustomOpSymbolicRegistry.register("index_add", "", _index_add)
+    CustomOpSymbolicRegistry.register("index_put", "", _index_put)
+    CustomOpSymbolicRegistry.register("scatter_reduce", "", _scatter_reduce)
+    CustomOpSymbolicRegistry.register("flip", "", _flip)
+    CustomOpSymbolicRegistry.register("repeat_interleave", "", _repeat_interleave)
+    CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("flip", ""), _flip_gradient)

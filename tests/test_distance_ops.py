@@ -1,0 +1,61 @@
+"""torch.cdist and F.pairwise_distance train in ORT like eager (distances.py): torch's export had NaN
+forwards for p != 2 and NaN gradients at a zero distance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base, sequence_batches
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+class Between(Base):
+    """A linear layer, ``function`` on its output, a residual and a head over the mean position."""
+
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function = function
+        self.inner, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return self.head((h + self.function(h)).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def sequences() -> DataLoader:
+    # odd lengths: flipped, the middle position is at distance 0 from itself
+    return sequence_batches([(4, 6), (2, 9), (3, 1), (4, 5)], 8)
+
+
+def _scaled(h: torch.Tensor, distances: torch.Tensor) -> torch.Tensor:
+    return h * torch.tanh(distances.mean(-1, keepdim=True))
+
+
+FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "cdist-p1": lambda h: _scaled(h, torch.cdist(h, h + 1, p=1.0)),
+    "cdist-p3": lambda h: _scaled(h, torch.cdist(h, h.flip(1), p=3.0)),
+    "cdist-p-fractional": lambda h: _scaled(h, torch.cdist(h, h + 0.5, p=1.5)),
+    "cdist-p-inf": lambda h: _scaled(h, torch.cdist(h, h + 1, p=float("inf"))),
+    "cdist-p2-zero-distance": lambda h: _scaled(h, torch.cdist(h, h.flip(1))),
+    "cdist-x1-detached": lambda h: _scaled(h, torch.cdist(h.detach(), h + 1, p=1.0)),
+    "cdist-x2-detached": lambda h: _scaled(h, torch.cdist(h, h.detach() + 1, p=1.0)),
+    "pairwise-distance-p1": lambda h: h * F.pairwise_distance(h, h.flip(1) + 0.5, p=1.0).unsqueeze(-1),
+    "pairwise-distance-p3-keepdim": lambda h: h * F.pairwise_distance(h, -h, p=3.0, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("function", FUNCTIONS.values(), ids=FUNCTIONS.keys())
+def test_distance_trains_in_ort_like_eager(function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    eager, ort = fit_both(lambda: Between(function), sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

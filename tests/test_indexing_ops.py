@@ -1,0 +1,117 @@
+"""Indexing ops torch exports wrongly or untrainably for ORT train like eager, or fall back (indexing.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base, sequence_batches
+from torch import nn
+from torch.utils.data import DataLoader
+
+# repeated targets: 1 twice, 7 three times (4, 5 and 6 never)
+INDEX = torch.tensor([0, 1, 1, 2, 7, 7, 7, 3])
+REPEATS = torch.tensor([1, 2, 1, 1, 0, 1, 1, 1])
+UNIQUE = torch.tensor([3, 1, 0, 2])
+
+
+class Between(Base):
+    """A linear layer, ``function`` on its output, a residual and a head over the mean position."""
+
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function = function
+        self.inner, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return self.head((h + self.function(h)).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class FlippedBias(Between):
+    """The inner layer's bias flipped (a parameter's static dimension) added to its output."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.tanh)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return self.head((h * self.inner.bias.flip(0)).mean(1))
+
+
+def sequences() -> DataLoader:
+    return sequence_batches([(4, 6), (2, 9), (3, 1), (4, 6)], 8)
+
+
+def _features_first(h: torch.Tensor, function: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``function`` on (features, batch, length), back to (batch, length, features)."""
+    return function(h.permute(2, 0, 1)).permute(1, 2, 0)
+
+
+def _two_indices(h: torch.Tensor) -> torch.Tensor:
+    rows = h.mean(1).T  # (features, batch)
+    columns = torch.zeros(8, dtype=torch.long)
+    return rows.index_put((INDEX, columns), torch.tanh(rows[:, 0]), accumulate=True).T.unsqueeze(1)
+
+
+FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "index-add-last-dim": lambda h: torch.zeros_like(h).index_add(-1, INDEX, torch.tanh(h)),
+    "index-add-alpha": lambda h: h.index_add(2, INDEX, torch.tanh(h), alpha=0.5),
+    "index-add-dim-0": lambda h: _features_first(h, lambda t: torch.zeros_like(t).index_add(0, INDEX, t)),
+    "index-put-accumulate": lambda h: _features_first(
+        h, lambda t: t.new_zeros(t.shape).index_put((INDEX,), torch.tanh(t), accumulate=True)
+    ),
+    "index-put-accumulate-broadcast": lambda h: _features_first(
+        h, lambda t: t.index_put((INDEX,), t[:, :1], accumulate=True)
+    ),
+    # without accumulate (unique indices), torch's own export is kept
+    "index-put-assign": lambda h: _features_first(h, lambda t: t.index_put((UNIQUE,), torch.tanh(t[:4]))),
+    "scatter-reduce-sum": lambda h: h.scatter_reduce(-1, INDEX.expand_as(h), torch.tanh(h), "sum"),
+    "flip-features": lambda h: h.flip(-1) * h,
+    "flip-two-dims": lambda h: h.flip(1, 2) * h,
+    "repeat-interleave-zero": lambda h: h.repeat_interleave(REPEATS, dim=-1) * h,
+    "repeat-interleave-flat": lambda h: h * h[:1, 0].repeat_interleave(REPEATS),
+}
+
+
+@pytest.mark.parametrize("function", FUNCTIONS.values(), ids=FUNCTIONS.keys())
+def test_indexing_trains_in_ort_like_eager(function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    eager, ort = fit_both(lambda: Between(function), sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_flipped_parameter_trains_in_ort_like_eager() -> None:
+    eager, ort = fit_both(FlippedBias, sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+REFUSED: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+    "index-put-two-indices": ("index_put", _two_indices),
+    "scatter-reduce-amax": ("scatter_reduce", lambda h: h.scatter_reduce(-1, INDEX.expand_as(h), h, "amax")),
+    "scatter-reduce-sum-without-self": (
+        "scatter_reduce",
+        lambda h: h.scatter_reduce(-1, INDEX.expand_as(h), torch.tanh(h), "sum", include_self=False),
+    ),
+}
+
+
+@pytest.mark.parametrize("operator,function", REFUSED.values(), ids=REFUSED.keys())
+def test_refused_indexing_falls_back_with_reason(
+    operator: str, function: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    eager, ort = fit_both(lambda: Between(function), sequences, 4)
+    reasons = [report.fallback_reason for report in ort.reports]
+    assert reasons and all(reason is not None and operator in reason for reason in reasons), reasons
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
