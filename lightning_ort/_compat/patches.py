@@ -13,6 +13,7 @@ from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache
 from lightning_ort._compat.export_guard import guarded_export
 from lightning_ort._compat.gradient_overloads import choose_overloads
+from lightning_ort._compat.losses import add_log_prob_outputs
 from lightning_ort._compat.memory_arena import arena_scope
 from lightning_ort._compat.mha_export import dynamic_attention_shapes
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
@@ -91,6 +92,7 @@ def _prepare_graph_builder_input() -> None:
         if getattr(self, UNBIND_ATTR, False):
             fuse_unbinds(info._post_export_processed_model)
         split_bidirectional_rnns(info._post_export_processed_model)
+        add_log_prob_outputs(info._post_export_processed_model)
         choose_overloads(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
         sanitize_dim_names(info._post_export_processed_model)
         return original(self, info)
@@ -289,6 +291,7 @@ def install() -> None:
         einsum,
         indexing,
         layers,
+        losses,
         math_ops,
         onnx_gradients,
         op_rewrites,
@@ -307,6 +310,7 @@ def install() -> None:
     activations.register()
     pad_shuffle.register()
     math_ops.register()
+    losses.register()
     layers.register()
     indexing.register()
     distances.register()

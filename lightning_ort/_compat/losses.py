@@ -1,0 +1,94 @@
+"""Cross-entropy losses ORT 1.19.2 could not train, made trainable.
+
+torch's exporter fuses ``F.nll_loss(F.log_softmax(logits, 1), target)`` on 2-D logits (the classic
+MNIST model) into an ONNX ``SoftmaxCrossEntropyLoss`` with only the loss as output, while ORT's
+gradient for it reads the second output, the log-probabilities: building the gradient graph failed
+with "i < node_->OutputDefs().size() was false" and the model fell back to PyTorch. The graph
+rewrite :func:`add_log_prob_outputs` gives such nodes their second output before ORT builds the
+gradient.
+
+``F.cross_entropy`` with class probabilities as targets was exported by ORT's symbolic as
+``SoftmaxCrossEntropyLossInternal``, which only takes class indices (an invalid graph). Floating
+targets are exported as eager computes them instead: ``-(target * log_softmax(logits, 1))`` summed
+over classes (weighted per class, with label smoothing), then averaged over the batch or summed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+import torch
+from torch.onnx._internal.torchscript_exporter import symbolic_helper
+
+_FUSED_LOSS = "SoftmaxCrossEntropyLoss"
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def add_log_prob_outputs(model: onnx.ModelProto) -> None:
+    """Give every ONNX ``SoftmaxCrossEntropyLoss`` its log-probability output, which ORT's gradient reads."""
+    for node in model.graph.node:
+        if node.op_type == _FUSED_LOSS and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            node.output.append(f"{node.output[0]}_log_prob")
+
+
+def _cross_entropy_loss(
+    g: Any,
+    logits: Any,
+    target: Any,
+    weight: Any,
+    reduction: Any,
+    ignore_index: Any,
+    label_smoothing: Any = None,
+) -> Any:
+    if not symbolic_helper._is_fp(target):
+        return _ort_cross_entropy_loss(g, logits, target, weight, reduction, ignore_index, label_smoothing)
+    return _probability_targets(g, logits, target, weight, reduction, label_smoothing)
+
+
+def _ort_cross_entropy_loss(g: Any, *args: Any) -> Any:
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import cross_entropy_loss
+
+    return cross_entropy_loss(g, *args)
+
+
+def _probability_targets(g: Any, logits: Any, target: Any, weight: Any, reduction: Any, smoothing: Any) -> Any:
+    rank = symbolic_helper._get_tensor_rank(logits)
+    mode = _REDUCTIONS[symbolic_helper._maybe_get_const(reduction, "i")]
+    smoothing = 0.0 if smoothing is None else float(symbolic_helper._maybe_get_const(smoothing, "f"))
+    if rank is None or symbolic_helper._is_value(smoothing):
+        raise RuntimeError("cross_entropy with probability targets needs logits of known rank to export to ONNX")
+    class_axis = 1 if rank > 1 else 0
+    log_prob = g.op("LogSoftmax", logits, axis_i=class_axis)
+    if smoothing > 0:
+        classes = g.op("Gather", g.op("Shape", logits), _ints(g, class_axis), axis_i=0)
+        classes = g.op("CastLike", classes, target)
+        keep = g.op("CastLike", _floats(g, 1.0 - smoothing), target)
+        target = g.op(
+            "Add", g.op("Mul", target, keep), g.op("Div", g.op("CastLike", _floats(g, smoothing), target), classes)
+        )
+    product = g.op("Mul", log_prob, target)
+    if not symbolic_helper._is_none(weight):
+        shape = [-1] + [1] * (rank - 2) if rank > 1 else [-1]
+        product = g.op("Mul", product, g.op("Reshape", weight, _ints(g, shape)))
+    loss = g.op("Neg", g.op("ReduceSum", product, _ints(g, [class_axis]), keepdims_i=0))
+    if mode == "mean":
+        return g.op("ReduceMean", loss, keepdims_i=0) if rank > 1 else loss
+    if mode == "sum":
+        return g.op("ReduceSum", loss, keepdims_i=0) if rank > 1 else loss
+    return loss
+
+
+def _ints(g: Any, value: Any) -> Any:
+    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
+
+
+def _floats(g: Any, value: float) -> Any:
+    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.float32))
+
+
+def register() -> None:
+    """Register the symbolic with ORT's registry (process-wide)."""
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    CustomOpSymbolicRegistry.register("cross_entropy_loss", "", _cross_entropy_loss)

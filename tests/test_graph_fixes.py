@@ -1,0 +1,66 @@
+"""Common models whose ONNX graph ORT could not build train in ORT like eager (losses.py, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+def flat_batches(sizes: tuple[int, ...] = (4, 2, 8, 1, 5), classes: int = 5) -> DataLoader:
+    """(x, y) batches of 8 features and class indices, of varying batch sizes."""
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(b, 8, generator=g), torch.randint(0, classes, (b,), generator=g)) for b in sizes]
+    return DataLoader(batches, batch_size=None)
+
+
+class Classifier(Base):
+    """A linear classifier over 2-D logits whose forward returns ``loss(logits, y)`` (so ORT runs it)."""
+
+    def __init__(self, loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.loss = loss
+        self.hidden, self.head = nn.Linear(8, 8), nn.Linear(8, 5)
+        self.register_buffer("class_weight", torch.tensor([1.0, 2.0, 0.5, 1.5, 0.2]))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss(self, self.head(torch.tanh(self.hidden(x))), y)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(*batch)
+
+
+def _soft(z: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(2 * z.detach(), -1)
+
+
+LOSSES: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "nll-log-softmax": lambda m, z, y: F.nll_loss(F.log_softmax(z, 1), y),
+    "nll-log-softmax-weight": lambda m, z, y: F.nll_loss(F.log_softmax(z, -1), y, weight=m.class_weight),
+    "nll-log-softmax-ignore-index": lambda m, z, y: F.nll_loss(F.log_softmax(z, 1), y, ignore_index=2),
+    "nll-log-softmax-sum": lambda m, z, y: F.nll_loss(F.log_softmax(z, 1), y, reduction="sum"),
+    "cross-entropy-probabilities": lambda m, z, y: F.cross_entropy(z, _soft(z)),
+    "cross-entropy-probabilities-weight": lambda m, z, y: F.cross_entropy(z, _soft(z), weight=m.class_weight),
+    "cross-entropy-probabilities-smoothing": lambda m, z, y: F.cross_entropy(z, _soft(z), label_smoothing=0.1),
+    "cross-entropy-probabilities-sum": lambda m, z, y: F.cross_entropy(z, _soft(z), reduction="sum"),
+    "cross-entropy-probabilities-3d-weight": lambda m, z, y: F.cross_entropy(
+        torch.stack([z, 2 * z], -1), torch.stack([_soft(z), _soft(-z)], -1), weight=m.class_weight
+    ),
+    "cross-entropy-one-hot": lambda m, z, y: F.cross_entropy(z, F.one_hot(y, 5).float()),
+    "cross-entropy-indices": lambda m, z, y: F.cross_entropy(z, y, weight=m.class_weight),
+}
+
+
+@pytest.mark.parametrize("loss", LOSSES.values(), ids=LOSSES.keys())
+def test_loss_trains_in_ort_like_eager(loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    eager, ort = fit_both(lambda: Classifier(loss), flat_batches, 5)
+    assert_ort_ran(ort, 5)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
