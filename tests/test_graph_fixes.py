@@ -64,3 +64,28 @@ def test_loss_trains_in_ort_like_eager(loss: Callable[[nn.Module, torch.Tensor, 
     assert_ort_ran(ort, 5)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class CountingOutput(Base):
+    """A forward returning a Python number next to its tensor (a common ``{"n_items": 3}`` pattern)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        return {"h": self.layer(x), "n_items": 3}
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0])["h"], batch[1])
+
+
+def test_python_number_output_is_refused_with_the_fix() -> None:
+    eager, ort = fit_both(CountingOutput, flat_batches, 5)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None
+    assert "returns a Python number (int, float or bool) among its outputs" in report.fallback_reason
+    assert "compute the number outside forward" in report.fallback_reason
+    assert "control flow" not in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -39,6 +39,13 @@ _ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
 _COMPAT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ORT_SPEC = importlib.util.find_spec("onnxruntime")
 _ORT_DIR = os.path.dirname(_ORT_SPEC.origin) + os.sep if _ORT_SPEC and _ORT_SPEC.origin else _COMPAT_DIR
+# ORT turns Python numbers among forward's outputs into tensors here, under the trace (a TracerWarning)
+_ORT_OUTPUT_FLATTENING = os.path.join(_ORT_DIR, "training", "utils", "torch_io_helper.py")
+_NUMBER_OUTPUT = (
+    "its forward returns a Python number (int, float or bool) among its outputs; ORT's graph has tensor outputs "
+    "only, and the export would freeze that number at its first value. Fix: return tensors only (compute the "
+    "number with tensor operations), or compute the number outside forward (in training_step)"
+)
 
 
 def _is_unsafe_tracer_warning(record: warnings.WarningMessage) -> bool:
@@ -436,6 +443,8 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             "dimension, or keep that module out of ORT with ORTStrategy(modules=[...])"
         )
     unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
+    if any(record.filename == _ORT_OUTPUT_FLATTENING for record in unsafe):
+        raise ORTUnsupportedModelError(_NUMBER_OUTPUT)
     if unsafe:
         first = unsafe[0]
         raise ORTUnsupportedModelError(
