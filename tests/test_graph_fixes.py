@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base
+from models import Base, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -87,5 +87,54 @@ def test_python_number_output_is_refused_with_the_fix() -> None:
     assert "returns a Python number (int, float or bool) among its outputs" in report.fallback_reason
     assert "compute the number outside forward" in report.fallback_reason
     assert "control flow" not in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class Sequence(Base):
+    """``layer`` over a linear projection of the sequence, then a classifier over the mean position."""
+
+    def __init__(self, layer: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.layer = layer
+        self.inner, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True, add_zero_attn=True)
+        self.attention_bias_kv = nn.MultiheadAttention(8, 2, add_bias_kv=True, add_zero_attn=True)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return F.cross_entropy(self.head((h + self.layer(self, h)).mean(1)), y)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(*batch)
+
+
+def _ones_column_twice(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """Homogeneous coordinates on both sides, from one constant fill (as torch.cdist(h, h) builds)."""
+    ones = torch.ones(*h.shape[:2], 1)
+    return torch.cat([h, ones], -1)[..., 1:] * torch.cat([ones, torch.tanh(h)], -1)[..., :-1]
+
+
+def _time_first(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    t = h.transpose(0, 1)
+    return m.attention_bias_kv(t, t, t, need_weights=False)[0].transpose(0, 1)
+
+
+LAYERS: dict[str, Callable[[nn.Module, torch.Tensor], torch.Tensor]] = {
+    "attention-add-zero-attn": lambda m, h: m.attention(h, h, h, need_weights=False)[0],
+    "attention-add-zero-attn-weights": lambda m, h: m.attention(h, h, h)[0],
+    "attention-add-zero-attn-bias-kv": _time_first,
+    "ones-column-twice": _ones_column_twice,
+    "zeros-between": lambda m, h: torch.cat([h, torch.zeros(*h.shape[:2], 2), h.flip(1)], -1)[..., 5:13],
+    "cdist": lambda m, h: torch.cdist(h, 2 * h + 1).mean(-1, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("layer", LAYERS.values(), ids=LAYERS.keys())
+def test_constant_fill_concat_trains_in_ort_like_eager(
+    layer: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+) -> None:
+    eager, ort = fit_both(lambda: Sequence(layer), lambda: sequence_batches([(4, 6), (2, 9), (3, 1), (4, 6)], 8), 4)
+    assert_ort_ran(ort, 4)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -7,8 +7,9 @@ torch's TorchScript exporter infers no shape for a ``Reshape`` to a computed sha
 length is exported as a constant and ORT's graph fails at the next length.
 
 During ORT's export lightning_ort therefore traces :func:`multi_head_attention_forward` below for
-the common case (no ``bias_k``/``bias_v``, no ``add_zero_attn``, no ``static_k``/``static_v``, as
-``nn.TransformerEncoderLayer`` and most models use it): torch 2.13's own steps for that case, with
+the common case (no ``bias_k``/``bias_v``, no ``static_k``/``static_v``, as
+``nn.TransformerEncoderLayer`` and most models use it; ``add_zero_attn`` pads keys and values with a
+zero position, where torch concatenates one): torch 2.13's own steps for that case, with
 every length taken from the inputs' shapes, the packed q/k/v taken apart by index (one copy for all
 three, unbind.py), and (without
 ``need_weights``) the heads laid out batch-major so that the export holds no transposes. Same
@@ -48,7 +49,6 @@ def _supported(kwargs: dict[str, Any]) -> bool:
     return (
         kwargs["bias_k"] is None
         and kwargs["bias_v"] is None
-        and not kwargs["add_zero_attn"]
         and kwargs.get("static_k") is None
         and kwargs.get("static_v") is None
         and not (kwargs["need_weights"] and kwargs["is_causal"] and kwargs["attn_mask"] is None)
@@ -124,6 +124,12 @@ def multi_head_attention_forward(
         q, k, v = F._in_projection(query, key, value, q_proj_weight, k_proj_weight, v_proj_weight, b_q, b_k, b_v)
     else:
         q, k, v = _in_projection_packed(query, key, value, in_proj_weight, in_proj_bias)
+    if add_zero_attn:  # a zero key and value after the last position, as torch adds them
+        sequence_padding = (0, 0, 0, 0, 0, 1) if need_weights else (0, 0, 0, 1)
+        k, v = F.pad(k, sequence_padding), F.pad(v, sequence_padding)
+        attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
+        key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, 1))
+        src_len = src_len + 1
     shared_mask = attn_mask is not None and attn_mask.dim() == 2  # one (L, S) mask for every batch and head
     if shared_mask:
         attn_mask = attn_mask.unsqueeze(0)

@@ -9,6 +9,7 @@ from typing import Any
 
 from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort._compat.channels_last import to_channels_last
+from lightning_ort._compat.concat_fills import pad_constant_fills
 from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache
 from lightning_ort._compat.export_guard import guarded_export
@@ -93,6 +94,7 @@ def _prepare_graph_builder_input() -> None:
             fuse_unbinds(info._post_export_processed_model)
         split_bidirectional_rnns(info._post_export_processed_model)
         add_log_prob_outputs(info._post_export_processed_model)
+        pad_constant_fills(info._post_export_processed_model)
         choose_overloads(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
         sanitize_dim_names(info._post_export_processed_model)
         return original(self, info)
