@@ -138,3 +138,18 @@ def test_constant_fill_concat_trains_in_ort_like_eager(
     assert_ort_ran(ort, 4)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+@pytest.mark.parametrize("mode", ["use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist"])
+def test_cdist_to_itself_trains_in_ort_like_eager(mode: str) -> None:
+    """Zero distances (each point to itself): eager's gradient there is 0, the exported formula's was
+    NaN; distances.py runs torch's own cdist, below and above the 25 points where eager switches to
+    matrix products."""
+
+    def layer(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(h, h, compute_mode=mode).mean(-1, keepdim=True)
+
+    eager, ort = fit_both(lambda: Sequence(layer), lambda: sequence_batches([(4, 26), (2, 30), (3, 7), (4, 26)], 8), 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -3,10 +3,10 @@
 ORT 1.19.2's gradient of ``Concat`` names a gradient for every input, needed or not, after the input
 (``<name>_grad``). When one constant-filled tensor (``ConstantOfShape``) is concatenated by two nodes,
 both write ``<name>_grad`` and ORT rejects its own gradient graph ("Duplicate definition of name
-(.../ConstantOfShape_output_0_grad)"); ORT's common-subexpression elimination first merges equal
-fills, so this happens even when the export had one fill per ``Concat``.
-``nn.MultiheadAttention(add_zero_attn=True)`` (the zero key and value) and ``torch.cdist`` (ones
-next to squared norms) did this and fell back to PyTorch. :func:`pad_constant_fills` rewrites each
+(.../ConstantOfShape_output_0_grad)"); ORT's graph optimizations first merge equal fills, so this
+happens even when the export had one fill per ``Concat``.
+``nn.MultiheadAttention(add_bias_kv=True, add_zero_attn=True)`` (one zero key and value) did this
+and fell back to PyTorch. :func:`pad_constant_fills` rewrites each
 floating ``Concat`` with such fills as a constant ``Pad`` of its other inputs by the fills' sizes
 along the axis: the same values, and ``Pad``'s gradient names only its data input's.
 """

@@ -73,9 +73,9 @@ def _wrap_export() -> None:
 
 
 def _prepare_graph_builder_input() -> None:
-    """Each time ORT (re)builds its graphs: rewrite them (channels-last layers, packed q/k/v splits),
-    mark lightning_ort's nodes whose inputs need no gradient, and give symbolic dimensions names
-    ORT's memory inspector can parse."""
+    """Each time ORT (re)builds its graphs: rewrite them (channels-last layers, packed q/k/v splits,
+    losses.py's log-probabilities, concat_fills.py's padding), mark lightning_ort's nodes whose
+    inputs need no gradient, and give symbolic dimensions names ORT's memory inspector can parse."""
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
 
     original = GraphExecutionManager._initialize_graph_builder
