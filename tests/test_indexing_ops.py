@@ -73,6 +73,8 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     ),
     # without accumulate (unique indices), torch's own export is kept
     "index-put-assign": lambda h: _features_first(h, lambda t: t.index_put((UNIQUE,), torch.tanh(t[:4]))),
+    # self needs a gradient: ORT's scatter gradient zeroed it at the scattered positions
+    "scatter-add": lambda h: h.scatter_add(-1, INDEX.expand_as(h), torch.tanh(h)),
     "scatter-reduce-sum": lambda h: h.scatter_reduce(-1, INDEX.expand_as(h), torch.tanh(h), "sum"),
     "flip-features": lambda h: h.flip(-1) * h,
     "flip-two-dims": lambda h: h.flip(1, 2) * h,

@@ -1,5 +1,8 @@
 """Indexing ops torch exports wrongly for ORT, or in a form ORT cannot train.
 
+- ``Tensor.scatter_add``: ORT's gradient of ``ScatterElements``'s data input is an overwrite's
+  (zero at the scattered positions), also for ``reduction="add"``, so a ``self`` that needs a
+  gradient lost it there: silently wrong training. Exported as ``self + scatter_add(zeros, ...)``.
 - ``Tensor.index_add``: torch's export scatters the source (overwriting) where indices repeat, so
   only one of the repeated rows arrives: silently wrong training. It is exported as
   ``self + scatter_add(zeros, ...)`` (``ScatterElements`` with ``reduction="add"``, which ORT sums
@@ -98,6 +101,11 @@ def _index_put(g: Any, self: Any, indices_list: Any, values: Any, accumulate: An
     return _index_add(g, self, _ints(g, 0), index, values)
 
 
+@symbolic_helper.parse_args("v", "i", "v", "v")
+def _scatter_add_symbolic(g: Any, self: Any, dim: int, index: Any, src: Any) -> Any:
+    return _scatter_add(g, self, dim, index, src)
+
+
 @symbolic_helper.parse_args("v", "i", "v", "v", "s", "b")
 def _scatter_reduce(g: Any, self: Any, dim: int, index: Any, src: Any, reduce: str, include_self: bool) -> Any:
     if reduce == "sum" and include_self:
@@ -138,6 +146,7 @@ def register() -> None:
     from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
+    CustomOpSymbolicRegistry.register("scatter_add", "", _scatter_add_symbolic)
     CustomOpSymbolicRegistry.register("index_add", "", _index_add)
     CustomOpSymbolicRegistry.register("index_put", "", _index_put)
     CustomOpSymbolicRegistry.register("scatter_reduce", "", _scatter_reduce)
