@@ -4,31 +4,13 @@ forwards for p != 2 and NaN gradients at a zero distance."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base, sequence_batches
-from torch import nn
+from models import Between, sequence_batches
 from torch.utils.data import DataLoader
-
-
-class Between(Base):
-    """A linear layer, ``function`` on its output, a residual and a head over the mean position."""
-
-    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.function = function
-        self.inner, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inner(x)
-        return self.head((h + self.function(h)).mean(1))
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
 
 
 def sequences() -> DataLoader:
