@@ -1,5 +1,5 @@
-"""PReLU, InstanceNorm, BatchNorm without running statistics, adaptive max pooling and EmbeddingBag train in ORT
-like eager (layers.py)."""
+"""PReLU, InstanceNorm, GroupNorm and BatchNorm without running statistics or affine parameters, adaptive max
+pooling and EmbeddingBag train in ORT like eager (layers.py)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ IMAGE_MODELS: dict[str, Callable[[], Base]] = {
     "batch-norm-batch-statistics-frozen-weight": lambda: ImageNet(
         nn.BatchNorm2d(8, track_running_stats=False), frozen="weight"
     ),
+    "group-norm-plain": lambda: ImageNet(nn.GroupNorm(4, 8, affine=False)),
+    "group-norm-plain-one-group": lambda: ImageNet(nn.GroupNorm(1, 8, eps=1e-3, affine=False)),
     "adaptive-max-pool": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool2d(h, (3, 2)))),
     "adaptive-max-pool-1d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool1d(h.flatten(2), 5))),
     "adaptive-max-pool-3d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool3d(h.unsqueeze(2), (1, 2, 3)))),

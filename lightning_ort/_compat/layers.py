@@ -6,7 +6,9 @@
   it does not know;
 - ``F.adaptive_max_pool1d/2d/3d``: torch exports them only when the sizes divide evenly, as
   ``MaxPool``, and not at all otherwise;
-- ``nn.EmbeddingBag``: exported as an ONNX ``Loop`` whose gradient ORT cannot build.
+- ``nn.EmbeddingBag``: exported as an ONNX ``Loop`` whose gradient ORT cannot build;
+- ``nn.GroupNorm(affine=False)``: exported as ``InstanceNormalization`` (ORT's own export handles
+  only the affine form).
 
 Models with them fell back to PyTorch. They are exported as ATen nodes running torch's operators,
 and their gradients are eager autograd's (``csrc/layer_ops.cc``; adaptive max pooling uses torch's
@@ -26,7 +28,7 @@ from lightning_ort._compat.torch_kernels import ATEN, aten_like
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
 _NORMS = ("instance_norm", "instance_norm_affine", "batch_statistics_norm", "batch_statistics_norm_affine")
-SAME_SHAPE_OPERATORS = tuple(f"lightning_ort::{name}" for name in ("prelu", *_NORMS))
+SAME_SHAPE_OPERATORS = tuple(f"lightning_ort::{name}" for name in ("prelu", "group_norm", *_NORMS))
 
 
 def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
@@ -96,6 +98,19 @@ def _adaptive_max_pool(dims: int) -> Any:
     return symbolic
 
 
+def _group_norm(ort_export: Any) -> Any:
+    def symbolic(g: Any, input: Any, num_groups: Any, weight: Any, bias: Any, eps: Any, cudnn_enabled: Any) -> Any:
+        groups = symbolic_helper._maybe_get_const(num_groups, "i")
+        epsilon = symbolic_helper._maybe_get_const(eps, "f")
+        plain = symbolic_helper._is_none(weight) and symbolic_helper._is_none(bias)
+        if not plain or symbolic_helper._is_value(groups) or symbolic_helper._is_value(epsilon):
+            return ort_export(g, input, num_groups, weight, bias, eps, cudnn_enabled)
+        arguments = (_constant(g, int(groups), torch.int64), _constant(g, float(epsilon), torch.float32))
+        return aten_like(g, "lightning_ort::group_norm", input, *arguments)
+
+    return symbolic
+
+
 def _embedding_bag(
     g: Any,
     weight: Any,
@@ -135,10 +150,12 @@ def _embedding_bag(
 
 def register() -> None:
     """Register the symbolics and gradients with ORT's registries (process-wide)."""
+    from onnxruntime.training.ortmodule import _custom_op_symbolic_registry as ort_symbolics
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
     CustomOpSymbolicRegistry.register("prelu", "", _prelu)
     CustomOpSymbolicRegistry.register("instance_norm", "", _instance_norm)
+    CustomOpSymbolicRegistry.register("group_norm", "", _group_norm(ort_symbolics.group_norm))
     for dims in (1, 2, 3):
         CustomOpSymbolicRegistry.register(f"adaptive_max_pool{dims}d", "", _adaptive_max_pool(dims))
     CustomOpSymbolicRegistry.register("embedding_bag", "", _embedding_bag)
@@ -151,5 +168,7 @@ def register() -> None:
     for dims in (2, 3):
         register_simple_gradient(f"adaptive_max_pool{dims}d", f"adaptive_max_pool{dims}d_backward",
                                  ["GO(0)", "I(0)", "O(1)"])  # fmt: skip
+    register_simple_gradient("lightning_ort::group_norm", "lightning_ort::group_norm_backward",
+                             ["GO(0)", "I(0)", "I(1)", "I(2)"])  # fmt: skip
     register_simple_gradient("lightning_ort::embedding_bag", "lightning_ort::embedding_bag_backward",
                              ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "I(4)", "I(5)", "I(6)"])  # fmt: skip

@@ -1,5 +1,5 @@
-// Layers ORT 1.19.2 cannot train (layers.py): PReLU, InstanceNorm, BatchNorm without running
-// statistics and EmbeddingBag on torch's kernels, with eager autograd's own gradients
+// Layers ORT 1.19.2 cannot train (layers.py): PReLU, InstanceNorm, GroupNorm and BatchNorm without
+// running statistics or affine parameters, and EmbeddingBag on torch's kernels, with eager autograd's own gradients
 // (autograd_vjp.h). PReLU and the affine normalizations have one overload per set of gradients a
 // node needs (gradient_overloads.py).
 
@@ -66,6 +66,16 @@ Grads norm_affine_backward(const at::Tensor& grad, const at::Tensor& input, cons
   return {grads[0], grads[1], grads[2]};
 }
 
+// GroupNorm without affine parameters (ORT's own export, for affine ones, runs native_group_norm)
+at::Tensor group_norm(const at::Tensor& input, int64_t groups, double eps) {
+  return at::group_norm(input, groups, {}, {}, eps, /*cudnn_enabled=*/false);
+}
+
+at::Tensor group_norm_backward(const at::Tensor& grad, const at::Tensor& input, int64_t groups, double eps) {
+  auto forward = [groups, eps](const std::vector<at::Tensor>& inputs) { return group_norm(inputs[0], groups, eps); };
+  return vjp(forward, {input}, {true}, grad)[0];
+}
+
 // Only the bags, as torch's own export: the operator's other outputs (offset2bag, bag_size,
 // max_indices) serve its backward, which recomputes them.
 at::Tensor embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets,
@@ -116,6 +126,8 @@ TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   m.def("batch_statistics_norm_backward(Tensor grad, Tensor input, float eps) -> Tensor",
         &norm_backward<batch_statistics_norm_of>);
   GRADIENT_OVERLOADS(DEFINE_NORM_OVERLOAD)
+  m.def("group_norm(Tensor input, int groups, float eps) -> Tensor", &group_norm);
+  m.def("group_norm_backward(Tensor grad, Tensor input, int groups, float eps) -> Tensor", &group_norm_backward);
   m.def("embedding_bag(" EMBEDDING_BAG_ARGUMENTS ") -> Tensor", &embedding_bag);
   m.def("embedding_bag_backward(Tensor grad, " EMBEDDING_BAG_ARGUMENTS ") -> Tensor", &embedding_bag_backward);
 }
