@@ -55,6 +55,16 @@ LOSSES: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor
     ),
     "cross-entropy-one-hot": lambda m, z, y: F.cross_entropy(z, F.one_hot(y, 5).float()),
     "cross-entropy-indices": lambda m, z, y: F.cross_entropy(z, y, weight=m.class_weight),
+    "cross-entropy-indices-smoothing": lambda m, z, y: F.cross_entropy(z, y, label_smoothing=0.1),
+    "cross-entropy-indices-smoothing-weight-ignore": lambda m, z, y: F.cross_entropy(
+        z, y, weight=m.class_weight, ignore_index=2, label_smoothing=0.2
+    ),
+    "cross-entropy-indices-smoothing-sum-ignore": lambda m, z, y: F.cross_entropy(
+        z, y, ignore_index=1, label_smoothing=0.2, reduction="sum"
+    ),
+    "cross-entropy-indices-smoothing-3d": lambda m, z, y: F.cross_entropy(
+        torch.stack([z, 2 * z], -1), torch.stack([y, y.flip(0)], -1), weight=m.class_weight, label_smoothing=0.1
+    ),
 }
 
 

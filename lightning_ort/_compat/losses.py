@@ -11,6 +11,8 @@ gradient.
 ``SoftmaxCrossEntropyLossInternal``, which only takes class indices (an invalid graph). Floating
 targets are exported as eager computes them instead: ``-(target * log_softmax(logits, 1))`` summed
 over classes (weighted per class, with label smoothing), then averaged over the batch or summed.
+Class-index targets with ``label_smoothing``, which ORT's symbolic refused, add torch's smoothing
+term to ORT's loss.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import onnx
 import torch
-from torch.onnx._internal.torchscript_exporter import symbolic_helper
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
 
 _FUSED_LOSS = "SoftmaxCrossEntropyLoss"
 _REDUCTIONS = ("none", "mean", "sum")
@@ -41,9 +43,12 @@ def _cross_entropy_loss(
     ignore_index: Any,
     label_smoothing: Any = None,
 ) -> Any:
-    if not symbolic_helper._is_fp(target):
+    if symbolic_helper._is_fp(target):
+        return _probability_targets(g, logits, target, weight, reduction, label_smoothing)
+    smoothing = 0.0 if label_smoothing is None else symbolic_helper._maybe_get_const(label_smoothing, "f")
+    if symbolic_helper._is_value(smoothing) or not smoothing:
         return _ort_cross_entropy_loss(g, logits, target, weight, reduction, ignore_index, label_smoothing)
-    return _probability_targets(g, logits, target, weight, reduction, label_smoothing)
+    return _smoothed_indices(g, logits, target, weight, reduction, ignore_index, float(smoothing))
 
 
 def _ort_cross_entropy_loss(g: Any, *args: Any) -> Any:
@@ -77,6 +82,46 @@ def _probability_targets(g: Any, logits: Any, target: Any, weight: Any, reductio
     if mode == "sum":
         return g.op("ReduceSum", loss, keepdims_i=0) if rank > 1 else loss
     return loss
+
+
+def _smoothed_indices(
+    g: Any, logits: Any, target: Any, weight: Any, reduction: Any, ignore_index: Any, smoothing: float
+) -> Any:
+    """Label smoothing with class-index targets, as torch computes it: ``(1 - s)`` times the loss
+    without smoothing (ORT's fused loss) plus ``s / classes`` times the reduced
+    ``-sum_c(weight_c * log_softmax_c)``, zero at ignored targets."""
+    rank = symbolic_helper._get_tensor_rank(logits)
+    ignored = symbolic_helper._maybe_get_const(ignore_index, "i")
+    mode = symbolic_helper._maybe_get_const(reduction, "i")
+    if rank is None or symbolic_helper._is_value(ignored) or symbolic_helper._is_value(mode):
+        raise RuntimeError("cross_entropy with label_smoothing needs logits of known rank and constant arguments")
+    loss = _ort_cross_entropy_loss(g, logits, target, weight, reduction, ignore_index, 0.0)
+    # constants in the logits' type (CastLike from a tensor that needs a gradient has no ORT gradient)
+    scalar_type = _type_utils.JitScalarType.from_value(logits, _type_utils.JitScalarType.FLOAT)
+
+    def constant(value: float) -> Any:
+        return g.op("Constant", value_t=torch.tensor(value, dtype=scalar_type.dtype()))
+
+    class_axis = 1 if rank > 1 else 0
+    log_prob = g.op("LogSoftmax", logits, axis_i=class_axis)
+    if not symbolic_helper._is_none(weight):
+        shape = [-1] + [1] * (rank - 2) if rank > 1 else [-1]
+        log_prob = g.op("Mul", log_prob, g.op("Reshape", weight, _ints(g, shape)))
+    smooth = g.op("Neg", g.op("ReduceSum", log_prob, _ints(g, [class_axis]), keepdims_i=0))
+    is_ignored = g.op("Equal", target, g.op("CastLike", _ints(g, ignored), target))
+    smooth = g.op("Where", is_ignored, constant(0.0), smooth)
+    if _REDUCTIONS[mode] == "sum":
+        smooth = g.op("ReduceSum", smooth, keepdims_i=0)
+    elif _REDUCTIONS[mode] == "mean":
+        kept = g.op("Cast", g.op("Not", is_ignored), to_i=scalar_type.onnx_type())
+        if not symbolic_helper._is_none(weight):  # normalized by the targets' weights, as nll_loss
+            safe = g.op("Where", is_ignored, g.op("CastLike", _ints(g, 0), target), target)
+            kept = g.op("Mul", kept, g.op("Gather", weight, safe, axis_i=0))
+        smooth = g.op("Div", g.op("ReduceSum", smooth, keepdims_i=0), g.op("ReduceSum", kept, keepdims_i=0))
+    classes = g.op("Gather", g.op("Shape", logits), _ints(g, class_axis), axis_i=0)
+    share = g.op("Div", constant(smoothing), g.op("Cast", classes, to_i=scalar_type.onnx_type()))
+    kept_loss = g.op("Mul", constant(1.0 - smoothing), loss)
+    return g.op("Add", kept_loss, g.op("Mul", share, smooth))  # no CastLike: ORT has no gradient for it
 
 
 def _ints(g: Any, value: Any) -> Any:
