@@ -16,14 +16,10 @@ import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9
 
 from lightning_ort._compat.gradient_overloads import register_gradient
-from lightning_ort._compat.torch_kernels import ATEN
+from lightning_ort._compat.torch_kernels import ATEN, constant
 
 _CDIST = "lightning_ort::cdist"
 _PAIRWISE = "lightning_ort::pairwise_distance"
-
-
-def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
 
 
 def _cdist(g: Any, x1: Any, x2: Any, p: Any = 2.0, compute_mode: Any = None) -> Any:
@@ -33,7 +29,7 @@ def _cdist(g: Any, x1: Any, x2: Any, p: Any = 2.0, compute_mode: Any = None) -> 
     rank = symbolic_helper._get_tensor_rank(x1)
     if symbolic_helper._is_value(norm) or symbolic_helper._is_value(mode) or rank is None:
         return symbolic_opset9.cdist(g, x1, x2, p, compute_mode)
-    arguments = (_constant(g, float(norm), torch.float32), _constant(g, int(mode), torch.int64))
+    arguments = (constant(g, float(norm), torch.float32), constant(g, int(mode), torch.int64))
     output = g.op(ATEN, x1, x2, *arguments, operator_s=_CDIST)
     output.setType(x1.type().with_sizes([None] * rank))
     return output
@@ -47,9 +43,9 @@ def _pairwise_distance(g: Any, x1: Any, x2: Any, p: Any, eps: Any, keepdim: Any)
         return symbolic_opset9.pairwise_distance(g, x1, x2, p, eps, keepdim)
     norm, epsilon, keep = constants
     floats = (
-        _constant(g, float(norm), torch.float32),
-        _constant(g, float(epsilon), torch.float32),
-        _constant(g, bool(keep), torch.bool),
+        constant(g, float(norm), torch.float32),
+        constant(g, float(epsilon), torch.float32),
+        constant(g, bool(keep), torch.bool),
     )
     output = g.op(ATEN, x1, x2, *floats, operator_s=_PAIRWISE)
     rank = max(ranks)  # broadcast inputs; the last dimension reduced unless kept

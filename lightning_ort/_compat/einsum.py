@@ -16,10 +16,16 @@ import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
 from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
-from lightning_ort._compat.torch_kernels import ATEN
+from lightning_ort._compat.shape_inference import einsum_shape
+from lightning_ort._compat.torch_kernels import ATEN, constant
 
 _ONE = "lightning_ort::einsum"
 _TWO = "lightning_ort::einsum2"
+
+
+def _codes(g: Any, equation: str) -> Any:
+    """The equation as the ATen node takes it: its character codes (ORT's executor passes no strings)."""
+    return constant(g, [ord(char) for char in equation], torch.int64)
 
 
 def _handled_by_ort(equation: str, count: int) -> bool:
@@ -31,20 +37,9 @@ def _handled_by_ort(equation: str, count: int) -> bool:
 
 
 def _output_rank(equation: str, tensors: list[Any]) -> int | None:
-    equation = equation.replace(" ", "")
-    inputs, _, output = equation.partition("->")
-    operands = inputs.split(",")
-    ellipsis = 0
-    for labels, tensor in zip(operands, tensors, strict=True):
-        if "..." in labels:
-            rank = symbolic_helper._get_tensor_rank(tensor)
-            if rank is None:
-                return None
-            ellipsis = max(ellipsis, rank - len(labels.replace("...", "")))
-    if "->" in equation:
-        return len(output.replace("...", "")) + (ellipsis if "..." in output else 0)
-    letters = [label for label in inputs if label.isalpha()]
-    return sum(1 for label in set(letters) if letters.count(label) == 1) + ellipsis
+    ranks = [symbolic_helper._get_tensor_rank(tensor) for tensor in tensors]
+    shape = einsum_shape(equation, [None if rank is None else [None] * rank for rank in ranks])
+    return None if shape is None else len(shape)
 
 
 def _einsum_symbolic(ort_export: Any) -> Any:
@@ -53,8 +48,7 @@ def _einsum_symbolic(ort_export: Any) -> Any:
         tensors = symbolic_helper._unpack_list(tensor_list)
         if _handled_by_ort(equation, len(tensors)) or len(tensors) > 2 or symbolic_helper._is_bool(tensors[0]):
             return ort_export(g, equation, tensor_list)
-        codes = g.op("Constant", value_t=torch.tensor([ord(char) for char in equation], dtype=torch.int64))
-        output = g.op(ATEN, *tensors, codes, operator_s=_ONE if len(tensors) == 1 else _TWO)
+        output = g.op(ATEN, *tensors, _codes(g, equation), operator_s=_ONE if len(tensors) == 1 else _TWO)
         rank = _output_rank(equation, tensors)
         if rank is not None:
             output.setType(tensors[0].type().with_sizes([None] * rank))
@@ -67,8 +61,7 @@ def _einsum_symbolic(ort_export: Any) -> Any:
 def _outer(g: Any, input: Any, other: Any) -> Any:
     if symbolic_helper._is_bool(input):
         return None
-    codes = g.op("Constant", value_t=torch.tensor([ord(char) for char in "i,j->ij"], dtype=torch.int64))
-    output = g.op(ATEN, input, other, codes, operator_s=_TWO)
+    output = g.op(ATEN, input, other, _codes(g, "i,j->ij"), operator_s=_TWO)
     output.setType(input.type().with_sizes([None, None]))
     return output
 

@@ -37,15 +37,11 @@ from torch.onnx._internal.torchscript_exporter import (
 )
 
 from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node
-from lightning_ort._compat.torch_kernels import ATEN, _none, aten_like
+from lightning_ort._compat.torch_kernels import ATEN, _none, aten_like, constant
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
 SAME_SHAPE_OPERATORS = ("flip",)
 _INTEGERS = (_type_utils.JitScalarType.INT64, _type_utils.JitScalarType.INT)
-
-
-def _ints(g: Any, value: Any) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
 
 
 def _scatter_add(g: Any, self: Any, dim: int, index: Any, src: Any) -> Any:
@@ -70,10 +66,10 @@ def _index_add(g: Any, self: Any, dim: Any, index: Any, source: Any, alpha: Any 
             return symbolic_helper._unimplemented("index_add", "alpha not constant", self)
         if scale != 1:
             source_type = _type_utils.JitScalarType.from_value(source, _type_utils.JitScalarType.FLOAT)
-            source = g.op("Mul", source, g.op("Constant", value_t=torch.tensor(scale, dtype=source_type.dtype())))
+            source = g.op("Mul", source, constant(g, scale, source_type.dtype()))
     # (n,) -> (1, ..., n, ..., 1) -> the source's shape: element [.., i, ..] of the source goes to index[i]
     position = [-1 if axis_ == axis else 1 for axis_ in range(rank)]
-    index = g.op("Reshape", index, _ints(g, position))
+    index = g.op("Reshape", index, constant(g, position, torch.int64))
     index = g.op("Expand", index, g.op("Shape", source))
     index.setType(index.type().with_sizes([None] * rank))
     return _scatter_add(g, self, axis, index, source)
@@ -94,11 +90,16 @@ def _index_put(g: Any, self: Any, indices_list: Any, values: Any, accumulate: An
         reason = "accumulate=True other than with one integer index tensor over dim 0 (would overwrite duplicates)"
         return symbolic_helper._unimplemented("index_put", reason, self)
     # the values broadcast to (n, *self.shape[1:]), as index_put broadcasts them
-    rest = g.op("Slice", g.op("Shape", self), _ints(g, [1]), _ints(g, [torch.iinfo(torch.int64).max]))
+    rest = g.op(
+        "Slice",
+        g.op("Shape", self),
+        constant(g, [1], torch.int64),
+        constant(g, [torch.iinfo(torch.int64).max], torch.int64),
+    )
     shape = g.op("Concat", g.op("Shape", index), rest, axis_i=0)
     values = g.op("Expand", values, shape)
     values.setType(self.type().with_sizes([None] * symbolic_helper._get_tensor_rank(self)))
-    return _index_add(g, self, _ints(g, 0), index, values)
+    return _index_add(g, self, constant(g, 0, torch.int64), index, values)
 
 
 @symbolic_helper.parse_args("v", "i", "v", "v")
@@ -118,7 +119,7 @@ def _flip(g: Any, input: Any, dims: Any) -> Any:
     axes = symbolic_helper._maybe_get_const(dims, "is")
     if symbolic_helper._is_value(axes):
         return symbolic_opset10.flip(g, input, dims)
-    return aten_like(g, "flip", input, _ints(g, list(axes)))
+    return aten_like(g, "flip", input, constant(g, list(axes), torch.int64))
 
 
 def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None, output_size: Any = None) -> Any:
@@ -128,7 +129,7 @@ def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None, output_
     if sizes is None or len(sizes) != 1 or sizes == [1] or symbolic_helper._is_value(axis) or rank is None:
         return symbolic_opset13.repeat_interleave(g, self, repeats, dim, output_size)
     if axis is None:  # over the flattened input
-        self, axis, rank = g.op("Reshape", self, _ints(g, [-1])), 0, 1
+        self, axis, rank = g.op("Reshape", self, constant(g, [-1], torch.int64)), 0, 1
     # torch's own positions (0, 1, 1, 3, ... for repeats 1, 2, 0, 1, ...), gathered: GatherGrad sums them back
     positions = g.op(ATEN, repeats, _none(g), operator_s="repeat_interleave", overload_name_s="Tensor")
     positions.setType(repeats.type().with_sizes([None]))

@@ -24,15 +24,11 @@ import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9, symbolic_opset11
 
 from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
-from lightning_ort._compat.torch_kernels import ATEN, aten_like
+from lightning_ort._compat.torch_kernels import ATEN, aten_like, constant
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
 _NORMS = ("instance_norm", "instance_norm_affine", "batch_statistics_norm", "batch_statistics_norm_affine")
 SAME_SHAPE_OPERATORS = tuple(f"lightning_ort::{name}" for name in ("prelu", "group_norm", *_NORMS))
-
-
-def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
 
 
 def _prelu(g: Any, self: Any, weight: Any) -> Any:
@@ -71,7 +67,7 @@ def batch_statistics_norm(g: Any, input: Any, weight: Any, bias: Any, eps: Any) 
 
 
 def _batch_statistics(g: Any, name: str, input: Any, weight: Any, bias: Any, eps: Any) -> Any:
-    epsilon = _constant(g, float(symbolic_helper._get_const(eps, "f", "eps")), torch.float32)
+    epsilon = constant(g, float(symbolic_helper._get_const(eps, "f", "eps")), torch.float32)
     if symbolic_helper._is_none(weight):
         return aten_like(g, f"lightning_ort::{name}", input, epsilon)
     return aten_like(g, f"lightning_ort::{name}_affine", input, weight, bias, epsilon)
@@ -86,7 +82,7 @@ def _adaptive_max_pool(dims: int) -> Any:
             input = symbolic_helper._unsqueeze_helper(g, input, [-2])
             sizes = [1, *sizes]
         operator = f"adaptive_max_pool{max(dims, 2)}d"
-        output, indices = g.op(ATEN, input, _constant(g, sizes, torch.int64), operator_s=operator, outputs=2)
+        output, indices = g.op(ATEN, input, constant(g, sizes, torch.int64), operator_s=operator, outputs=2)
         rank = symbolic_helper._get_tensor_rank(input)
         if rank is not None:
             output.setType(input.type().with_sizes([None] * rank))
@@ -105,7 +101,7 @@ def _group_norm(ort_export: Any) -> Any:
         plain = symbolic_helper._is_none(weight) and symbolic_helper._is_none(bias)
         if not plain or symbolic_helper._is_value(groups) or symbolic_helper._is_value(epsilon):
             return ort_export(g, input, num_groups, weight, bias, eps, cudnn_enabled)
-        arguments = (_constant(g, int(groups), torch.int64), _constant(g, float(epsilon), torch.float32))
+        arguments = (constant(g, int(groups), torch.int64), constant(g, float(epsilon), torch.float32))
         return aten_like(g, "lightning_ort::group_norm", input, *arguments)
 
     return symbolic
@@ -138,10 +134,10 @@ def _embedding_bag(
             padding_idx,
         )  # fmt: skip
     arguments = [
-        _constant(g, bool(flags[0]), torch.bool),
-        _constant(g, int(mode_value), torch.int64),
-        _constant(g, bool(flags[2]), torch.bool),
-        _constant(g, int(padding), torch.int64),
+        constant(g, bool(flags[0]), torch.bool),
+        constant(g, int(mode_value), torch.int64),
+        constant(g, bool(flags[2]), torch.bool),
+        constant(g, int(padding), torch.int64),
     ]
     output = g.op(ATEN, weight, indices, offsets, *arguments, operator_s="lightning_ort::embedding_bag")
     output.setType(weight.type().with_sizes([None, None]))

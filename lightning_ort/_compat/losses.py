@@ -23,6 +23,8 @@ import onnx
 import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
 
+from lightning_ort._compat.torch_kernels import constant
+
 _FUSED_LOSS = "SoftmaxCrossEntropyLoss"
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -66,17 +68,15 @@ def _probability_targets(g: Any, logits: Any, target: Any, weight: Any, reductio
     class_axis = 1 if rank > 1 else 0
     log_prob = g.op("LogSoftmax", logits, axis_i=class_axis)
     if smoothing > 0:
-        classes = g.op("Gather", g.op("Shape", logits), _ints(g, class_axis), axis_i=0)
-        classes = g.op("CastLike", classes, target)
-        keep = g.op("CastLike", _floats(g, 1.0 - smoothing), target)
+        classes = g.op("CastLike", _classes(g, logits, class_axis), target)
+        keep = g.op("CastLike", constant(g, 1.0 - smoothing, torch.float32), target)
         target = g.op(
-            "Add", g.op("Mul", target, keep), g.op("Div", g.op("CastLike", _floats(g, smoothing), target), classes)
+            "Add",
+            g.op("Mul", target, keep),
+            g.op("Div", g.op("CastLike", constant(g, smoothing, torch.float32), target), classes),
         )
-    product = g.op("Mul", log_prob, target)
-    if not symbolic_helper._is_none(weight):
-        shape = [-1] + [1] * (rank - 2) if rank > 1 else [-1]
-        product = g.op("Mul", product, g.op("Reshape", weight, _ints(g, shape)))
-    loss = g.op("Neg", g.op("ReduceSum", product, _ints(g, [class_axis]), keepdims_i=0))
+    product = _weighted(g, g.op("Mul", log_prob, target), weight, rank)
+    loss = g.op("Neg", g.op("ReduceSum", product, constant(g, [class_axis], torch.int64), keepdims_i=0))
     if mode == "mean":
         return g.op("ReduceMean", loss, keepdims_i=0) if rank > 1 else loss
     if mode == "sum":
@@ -99,37 +99,36 @@ def _smoothed_indices(
     # constants in the logits' type (CastLike from a tensor that needs a gradient has no ORT gradient)
     scalar_type = _type_utils.JitScalarType.from_value(logits, _type_utils.JitScalarType.FLOAT)
 
-    def constant(value: float) -> Any:
-        return g.op("Constant", value_t=torch.tensor(value, dtype=scalar_type.dtype()))
-
     class_axis = 1 if rank > 1 else 0
-    log_prob = g.op("LogSoftmax", logits, axis_i=class_axis)
-    if not symbolic_helper._is_none(weight):
-        shape = [-1] + [1] * (rank - 2) if rank > 1 else [-1]
-        log_prob = g.op("Mul", log_prob, g.op("Reshape", weight, _ints(g, shape)))
-    smooth = g.op("Neg", g.op("ReduceSum", log_prob, _ints(g, [class_axis]), keepdims_i=0))
-    is_ignored = g.op("Equal", target, g.op("CastLike", _ints(g, ignored), target))
-    smooth = g.op("Where", is_ignored, constant(0.0), smooth)
+    log_prob = _weighted(g, g.op("LogSoftmax", logits, axis_i=class_axis), weight, rank)
+    smooth = g.op("Neg", g.op("ReduceSum", log_prob, constant(g, [class_axis], torch.int64), keepdims_i=0))
+    is_ignored = g.op("Equal", target, g.op("CastLike", constant(g, ignored, torch.int64), target))
+    smooth = g.op("Where", is_ignored, constant(g, 0.0, scalar_type.dtype()), smooth)
     if _REDUCTIONS[mode] == "sum":
         smooth = g.op("ReduceSum", smooth, keepdims_i=0)
     elif _REDUCTIONS[mode] == "mean":
         kept = g.op("Cast", g.op("Not", is_ignored), to_i=scalar_type.onnx_type())
         if not symbolic_helper._is_none(weight):  # normalized by the targets' weights, as nll_loss
-            safe = g.op("Where", is_ignored, g.op("CastLike", _ints(g, 0), target), target)
+            safe = g.op("Where", is_ignored, g.op("CastLike", constant(g, 0, torch.int64), target), target)
             kept = g.op("Mul", kept, g.op("Gather", weight, safe, axis_i=0))
         smooth = g.op("Div", g.op("ReduceSum", smooth, keepdims_i=0), g.op("ReduceSum", kept, keepdims_i=0))
-    classes = g.op("Gather", g.op("Shape", logits), _ints(g, class_axis), axis_i=0)
-    share = g.op("Div", constant(smoothing), g.op("Cast", classes, to_i=scalar_type.onnx_type()))
-    kept_loss = g.op("Mul", constant(1.0 - smoothing), loss)
+    classes = g.op("Cast", _classes(g, logits, class_axis), to_i=scalar_type.onnx_type())
+    share = g.op("Div", constant(g, smoothing, scalar_type.dtype()), classes)
+    kept_loss = g.op("Mul", constant(g, 1.0 - smoothing, scalar_type.dtype()), loss)
     return g.op("Add", kept_loss, g.op("Mul", share, smooth))  # no CastLike: ORT has no gradient for it
 
 
-def _ints(g: Any, value: Any) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
+def _weighted(g: Any, values: Any, weight: Any, rank: int) -> Any:
+    """``values`` (classes on axis 1, or 0 for 1-D logits) times the class weights, if any."""
+    if symbolic_helper._is_none(weight):
+        return values
+    shape = [-1] + [1] * (rank - 2) if rank > 1 else [-1]
+    return g.op("Mul", values, g.op("Reshape", weight, constant(g, shape, torch.int64)))
 
 
-def _floats(g: Any, value: float) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.float32))
+def _classes(g: Any, logits: Any, class_axis: int) -> Any:
+    """The number of classes (a 1-element int64 tensor)."""
+    return g.op("Gather", g.op("Shape", logits), constant(g, class_axis, torch.int64), axis_i=0)
 
 
 def register() -> None:

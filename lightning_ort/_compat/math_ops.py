@@ -16,7 +16,7 @@ import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9
 
 from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node, register_simple_gradient
-from lightning_ort._compat.torch_kernels import ATEN, aten_like
+from lightning_ort._compat.torch_kernels import ATEN, aten_like, constant
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
 SAME_SHAPE_OPERATORS = ("atan", "expm1", "trunc", "lightning_ort::threshold", "lightning_ort::cumprod", "logcumsumexp")
@@ -33,7 +33,7 @@ def _threshold(g: Any, self: Any, threshold: Any, value: Any) -> Any:
     limits = [symbolic_helper._maybe_get_const(argument, "f") for argument in (threshold, value)]
     if any(symbolic_helper._is_value(limit) for limit in limits):
         return symbolic_opset9.threshold(g, self, threshold, value)
-    floats = [g.op("Constant", value_t=torch.tensor(float(limit), dtype=torch.float32)) for limit in limits]
+    floats = [constant(g, float(limit), torch.float32) for limit in limits]
     return aten_like(g, "lightning_ort::threshold", self, *floats)
 
 
@@ -43,8 +43,8 @@ def _logsumexp(g: Any, input: Any, dim: Any, keepdim: Any) -> Any:
     rank = symbolic_helper._get_tensor_rank(input)
     if symbolic_helper._is_value(dims) or symbolic_helper._is_value(keep) or not dims or rank is None:
         return symbolic_opset9.logsumexp(g, input, dim, keepdim)
-    keep_constant = g.op("Constant", value_t=torch.tensor(bool(keep)))
-    output = g.op(ATEN, input, _ints(g, dims), keep_constant, operator_s="logsumexp")
+    keep_constant = constant(g, bool(keep))
+    output = g.op(ATEN, input, constant(g, dims, torch.int64), keep_constant, operator_s="logsumexp")
     output.setType(input.type().with_sizes([None] * (rank if keep else rank - len(set(dims)))))
     return output
 
@@ -53,15 +53,13 @@ def _cumprod(g: Any, input: Any, dim: Any, dtype: Any) -> Any:
     if not symbolic_helper._is_none(dtype):  # torch casts the input first
         onnx_type = _type_utils.JitScalarType(symbolic_helper._get_const(dtype, "i", "dtype")).onnx_type()
         input = g.op("Cast", input, to_i=onnx_type)
-    return aten_like(g, "lightning_ort::cumprod", input, _ints(g, symbolic_helper._get_const(dim, "i", "dim")))
+    return aten_like(
+        g, "lightning_ort::cumprod", input, constant(g, symbolic_helper._get_const(dim, "i", "dim"), torch.int64)
+    )
 
 
 def _logcumsumexp(g: Any, input: Any, dim: Any) -> Any:
-    return aten_like(g, "logcumsumexp", input, _ints(g, symbolic_helper._get_const(dim, "i", "dim")))
-
-
-def _ints(g: Any, value: Any) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
+    return aten_like(g, "logcumsumexp", input, constant(g, symbolic_helper._get_const(dim, "i", "dim"), torch.int64))
 
 
 def _zero_gradient() -> list[Any]:

@@ -24,14 +24,10 @@ from torch.onnx._internal.torchscript_exporter import (
 )
 
 from lightning_ort._compat.gradient_overloads import register_simple_gradient
-from lightning_ort._compat.torch_kernels import ATEN
+from lightning_ort._compat.torch_kernels import ATEN, constant
 
 _VECTOR_NORM = "lightning_ort::vector_norm"
 _PROD = "lightning_ort::prod"
-
-
-def _constant(g: Any, value: Any, dtype: torch.dtype) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
 
 
 def _dims(dim: Any) -> list[int] | None:
@@ -73,7 +69,7 @@ def _vector_norm(g: Any, self: Any, ord: Any, dim: Any, keepdim: Any, dtype: Any
 
 
 def _norm_node(g: Any, self: Any, order: float, dims: list[int], keep: bool) -> Any:
-    arguments = [_constant(g, order, torch.float64), _constant(g, dims, torch.int64), _constant(g, keep, torch.bool)]
+    arguments = [constant(g, order, torch.float64), constant(g, dims, torch.int64), constant(g, keep, torch.bool)]
     return _reduced(g, _VECTOR_NORM, self, arguments, dims, keep)
 
 
@@ -97,7 +93,7 @@ def _prod(g: Any, self: Any, *arguments: Any) -> Any:
     if dtype is not None and not symbolic_helper._is_none(dtype):  # torch casts the input first
         onnx_type = _type_utils.JitScalarType(symbolic_helper._get_const(dtype, "i", "dtype")).onnx_type()
         self = g.op("Cast", self, to_i=onnx_type)
-    arguments = [_constant(g, dims, torch.int64), _constant(g, bool(keep), torch.bool)]
+    arguments = [constant(g, dims, torch.int64), constant(g, bool(keep), torch.bool)]
     return _reduced(g, _PROD, self, arguments, dims, bool(keep))
 
 
@@ -107,7 +103,7 @@ def _extremum(operator: str) -> Any:
         keep = symbolic_helper._maybe_get_const(keepdim, "b")
         if dims is None or symbolic_helper._is_value(keep):
             symbolic_helper._onnx_unsupported(f"{operator} with dimensions that are not constant", self)
-        arguments = [_constant(g, dims, torch.int64), _constant(g, bool(keep), torch.bool)]
+        arguments = [constant(g, dims, torch.int64), constant(g, bool(keep), torch.bool)]
         return _reduced(g, operator, self, arguments, dims, bool(keep))
 
     return symbolic

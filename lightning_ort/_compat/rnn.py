@@ -16,17 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9
 
 from lightning_ort._compat.gradient_overloads import register_gradient
-from lightning_ort._compat.torch_kernels import ATEN
+from lightning_ort._compat.torch_kernels import ATEN, constant
 
 OPERATOR = "lightning_ort::rnn_layer"
-
-
-def _constant(g: Any, value: Any) -> Any:
-    return g.op("Constant", value_t=torch.tensor(value))
 
 
 def _symbolic(relu: bool) -> Any:
@@ -49,7 +44,7 @@ def _symbolic(relu: bool) -> Any:
         per_layer = 4 if has_biases else 2
         directions = 2 if bidirectional else 1
         hidden_size = symbolic_helper._get_tensor_dim_size(weights[1], 1)
-        flags = [_constant(g, bool(has_biases)), _constant(g, relu)]
+        flags = [constant(g, bool(has_biases)), constant(g, relu)]
         sequence = g.op("Transpose", input, perm_i=[1, 0, 2]) if batch_first else input
         finals = []
         for layer in range(num_layers):
@@ -57,13 +52,13 @@ def _symbolic(relu: bool) -> Any:
             for direction in range(directions):
                 index = layer * directions + direction
                 params = weights[index * per_layer : (index + 1) * per_layer]
-                packed = g.op("Concat", *(symbolic_helper._reshape_helper(g, p, _constant(g, [-1])) for p in params),
+                packed = g.op("Concat", *(symbolic_helper._reshape_helper(g, p, constant(g, [-1])) for p in params),
                               axis_i=0)  # fmt: skip
-                state = g.op("Gather", hidden, _constant(g, index), axis_i=0)
-                output = g.op(ATEN, sequence, state, packed, *flags, _constant(g, direction == 1), operator_s=OPERATOR)
+                state = g.op("Gather", hidden, constant(g, index), axis_i=0)
+                output = g.op(ATEN, sequence, state, packed, *flags, constant(g, direction == 1), operator_s=OPERATOR)
                 output.setType(sequence.type().with_sizes([None, None, hidden_size]))
                 outputs.append(output)
-                last = g.op("Gather", output, _constant(g, 0 if direction else -1), axis_i=0)
+                last = g.op("Gather", output, constant(g, 0 if direction else -1), axis_i=0)
                 finals.append(symbolic_helper._unsqueeze_helper(g, last, [0]))
             sequence = outputs[0] if directions == 1 else g.op("Concat", *outputs, axis_i=2)
         output = g.op("Transpose", sequence, perm_i=[1, 0, 2]) if batch_first else sequence

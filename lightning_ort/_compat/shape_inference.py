@@ -75,18 +75,18 @@ def _matmul(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
     return [*batch, rows, columns]
 
 
-def _einsum(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
-    """The output of ``lightning_ort::einsum``/``einsum2`` (equation as character codes, last input)."""
-    codes = flags[-1]
-    operands = shapes[:-1]
-    if codes is None or any(shape is None for shape in operands):
-        return None
-    equation = "".join(chr(int(code)) for code in codes).replace(" ", "")
-    inputs, arrow, output = equation.partition("->")
+def einsum_shape(equation: str, operands: list[Shape | None]) -> Shape | None:
+    """The output shape of ``torch.einsum(equation, ...)`` on operands of these shapes (None: an
+    operand of unknown shape, whose labels' sizes are then unknown; not allowed with an ellipsis)."""
+    inputs, arrow, output = equation.replace(" ", "").partition("->")
     sizes: dict[str, Any] = {}
     ellipsis: Shape = []
     for labels, shape in zip(inputs.split(","), operands, strict=True):
         before, dots, after = labels.partition("...")
+        if shape is None:
+            if dots:
+                return None
+            continue
         middle = len(shape) - len(before) - len(after)
         if middle < 0 or (not dots and middle):
             return None
@@ -99,9 +99,20 @@ def _einsum(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
         letters = [label for label in inputs if label.isalpha()]
         output = "..." + "".join(sorted(label for label in set(letters) if letters.count(label) == 1))
     before, dots, after = output.partition("...")
-    if any(label not in sizes for label in before + after):
+    return (
+        [sizes.get(label) for label in before]
+        + (list(ellipsis) if dots else [])
+        + [sizes.get(label) for label in after]
+    )
+
+
+def _einsum(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    """The output of ``lightning_ort::einsum``/``einsum2`` (equation as character codes, last input)."""
+    codes = flags[-1]
+    operands = shapes[:-1]
+    if codes is None or any(shape is None for shape in operands):
         return None
-    return [sizes[label] for label in before] + (list(ellipsis) if dots else []) + [sizes[label] for label in after]
+    return einsum_shape("".join(chr(int(code)) for code in codes), operands)
 
 
 def _rnn_layer(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:

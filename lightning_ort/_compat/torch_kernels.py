@@ -148,6 +148,12 @@ def aten_like(g: Any, operator: str, input: Any, *arguments: Any, same_sizes: bo
     return output
 
 
+def constant(g: Any, value: Any, dtype: torch.dtype | None = None) -> Any:
+    """A ``Constant`` node holding ``value`` (a number or a list) as a tensor of ``dtype`` (torch's
+    default for the value when None)."""
+    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
+
+
 def _none(g: Any) -> Any:
     """An absent optional input (exported as ONNX's empty input name)."""
     none = g.op("prim::Constant")
