@@ -74,6 +74,21 @@ def sequence_batches(shapes: list[tuple[int, int]], features: int, seed: int = 0
     return DataLoader(batches, batch_size=None)
 
 
+class SequenceClassifier(Base):
+    """Classifies (batch, length, 8) sequences with Adam (``forward`` left to subclasses)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+def varying_sequences() -> DataLoader:
+    """Batches of varying size and length, a single step and a single sequence among them."""
+    return sequence_batches([(4, 6), (2, 9), (3, 1), (1, 6)], 8)
+
+
 class CNN(Base):
     """Convolutions with BatchNorm (running statistics must follow eager) on ``image_size`` square images."""
 

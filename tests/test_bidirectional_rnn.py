@@ -10,19 +10,17 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base, sequence_batches
+from models import SequenceClassifier, varying_sequences
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from torch import nn
-from torch.utils.data import DataLoader
 
 from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort.callbacks import ONNXGraphDump
 
 
-class Bidirectional(Base):
+class Bidirectional(SequenceClassifier):
     """A bidirectional recurrent layer and a head over its mean output or over its final states."""
 
     def __init__(
@@ -41,17 +39,6 @@ class Bidirectional(Base):
         finals = final if isinstance(final, tuple) else (final,)
         return self.head(torch.cat([state.transpose(0, 1).flatten(1) for state in finals], 1))
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=0.01)
-
-
-def sequences() -> DataLoader:
-    """Batches of varying size and length, a single step and a single sequence among them."""
-    return sequence_batches([(4, 6), (2, 9), (3, 1), (1, 6)], 8)
-
 
 @pytest.mark.parametrize(
     "make_model",
@@ -68,7 +55,7 @@ def sequences() -> DataLoader:
          "gru-final-states"],
 )  # fmt: skip
 def test_bidirectional_rnn_trains_in_ort_like_eager(make_model: Any) -> None:
-    eager, ort = fit_both(make_model, sequences, 4)
+    eager, ort = fit_both(make_model, varying_sequences, 4)
     assert_ort_ran(ort, 4)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
@@ -76,7 +63,7 @@ def test_bidirectional_rnn_trains_in_ort_like_eager(make_model: Any) -> None:
 
 def test_training_graph_has_no_bidirectional_node(tmp_path: Path) -> None:
     dump = ONNXGraphDump(dirpath=tmp_path, stages=["optimized"])
-    eager, ort = fit_both(lambda: Bidirectional(nn.LSTM, num_layers=2), sequences, 2, callbacks=[dump])
+    eager, ort = fit_both(lambda: Bidirectional(nn.LSTM, num_layers=2), varying_sequences, 2, callbacks=[dump])
     assert_ort_ran(ort, 2)
     model = onnx.load(str(tmp_path / "forward.training.4_optimized.onnx"))
     operators = [node.op_type for node in model.graph.node]

@@ -11,9 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base, sequence_batches
+from models import Base, varying_sequences
 from torch import nn
-from torch.utils.data import DataLoader
 
 from lightning_ort import ORTStrategy
 
@@ -45,14 +44,12 @@ class Einsum(Base):
         return F.cross_entropy(self(batch[0]), batch[1])
 
 
-def sequences() -> DataLoader:
-    return sequence_batches([(4, 6), (2, 9), (3, 1), (1, 6)], 8)
-
-
 @pytest.mark.parametrize("equation", ["...ld,...md->...lm", "bld,bmd", "bld->bl", "outer"])
 @pytest.mark.parametrize("op_rewrites", [True, False])
 def test_einsum_trains_in_ort_like_eager(equation: str, op_rewrites: bool) -> None:
-    eager, ort = fit_both(lambda: Einsum(equation), sequences, STEPS, strategy=ORTStrategy(op_rewrites=op_rewrites))
+    eager, ort = fit_both(
+        lambda: Einsum(equation), varying_sequences, STEPS, strategy=ORTStrategy(op_rewrites=op_rewrites)
+    )
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

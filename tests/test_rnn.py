@@ -7,18 +7,16 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base, sequence_batches
+from models import SequenceClassifier, varying_sequences
 from torch import nn
-from torch.utils.data import DataLoader
 
 from lightning_ort import ORTStrategy
 
 STEPS = 4
 
 
-class Recurrent(Base):
+class Recurrent(SequenceClassifier):
     """An ``nn.RNN`` and a head over its outputs and final states, optionally from a learned state
     or after a frozen input layer (the input needs a gradient, the RNN's weights none)."""
 
@@ -38,17 +36,6 @@ class Recurrent(Base):
         out, final = self.rnn(x, h0)
         return self.head(torch.cat([out.mean(1 if self.batch_first else 0), final.transpose(0, 1).flatten(1)], 1))
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=0.01)
-
-
-def sequences() -> DataLoader:
-    """Batches of varying size and length, a single step and a single sequence among them."""
-    return sequence_batches([(4, 6), (2, 9), (3, 1), (1, 6)], 8)
-
 
 @pytest.mark.parametrize(
     "rnn",
@@ -65,14 +52,14 @@ def sequences() -> DataLoader:
          "frozen"],
 )  # fmt: skip
 def test_rnn_trains_in_ort_like_eager(rnn: dict[str, Any]) -> None:
-    eager, ort = fit_both(lambda: Recurrent(**rnn), sequences, STEPS, strategy=ORTStrategy(fallback="raise"))
+    eager, ort = fit_both(lambda: Recurrent(**rnn), varying_sequences, STEPS, strategy=ORTStrategy(fallback="raise"))
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
 
 
 def test_rnn_dropout_between_layers_falls_back_with_the_reason() -> None:
-    eager, ort = fit_both(lambda: Recurrent(num_layers=2, dropout=0.0), sequences, STEPS)
+    eager, ort = fit_both(lambda: Recurrent(num_layers=2, dropout=0.0), varying_sequences, STEPS)
     assert_ort_ran(ort, STEPS)
-    _, ort = fit_both(lambda: Recurrent(num_layers=2, dropout=0.5), sequences, 1)
+    _, ort = fit_both(lambda: Recurrent(num_layers=2, dropout=0.5), varying_sequences, 1)
     assert "dropout in training mode" in str(ort.reports[0].fallback_reason)
