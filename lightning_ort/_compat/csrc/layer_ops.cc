@@ -1,6 +1,6 @@
 // Layers ORT 1.19.2 cannot train (layers.py): PReLU, InstanceNorm, GroupNorm and BatchNorm without
-// running statistics or affine parameters, and EmbeddingBag on torch's kernels, with eager autograd's own gradients
-// (autograd_vjp.h). PReLU and the affine normalizations have one overload per set of gradients a
+// running statistics or affine parameters, and EmbeddingBag on torch's kernels, with eager
+// autograd's own gradients (autograd_vjp.h). PReLU and the affine normalizations have one overload per set of gradients a
 // node needs (gradient_overloads.py).
 
 #include <ATen/ATen.h>
