@@ -302,6 +302,7 @@ def install() -> None:
         random_ops,
         reductions,
         rnn,
+        rnn_dropout,
         scalar_inputs,
         split_gradients,
         unbind,
@@ -320,6 +321,7 @@ def install() -> None:
     pooling.register()
     reductions.register()
     rnn.register()
+    rnn_dropout.register()
     einsum.register()
     onnx_gradients.register()
     channels_last.register_gradients()

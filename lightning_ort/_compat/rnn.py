@@ -9,14 +9,16 @@ gradient ORT has), so that its overloads need only say whether the input, the in
 weights need gradients (gradient_overloads.py). The final states are the outputs' last steps (the
 first for the backward direction).
 
-Packed sequences and dropout between layers in training keep torch's export (and fall back).
+Dropout between layers in training is an ONNX ``Dropout`` on each layer's output but the last, as
+in eager (its masks come from ORT's generator, as for every dropout in ORT's graph). Packed
+sequences keep torch's export (and fall back).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9
+from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9, symbolic_opset12
 
 from lightning_ort._compat.gradient_overloads import register_gradient
 from lightning_ort._compat.torch_kernels import ATEN, constant
@@ -35,8 +37,8 @@ def _symbolic(relu: bool) -> Any:
         weight_list: Any,
         has_biases: int,
         num_layers: int,
-        _dropout: float,
-        _train: int,
+        dropout: float,
+        train: int,
         bidirectional: int,
         batch_first: int,
     ) -> Any:
@@ -48,6 +50,8 @@ def _symbolic(relu: bool) -> Any:
         sequence = g.op("Transpose", input, perm_i=[1, 0, 2]) if batch_first else input
         finals = []
         for layer in range(num_layers):
+            if layer and dropout and train:
+                sequence, _ = symbolic_opset12._dropout_returns_masked_input_and_mask(g, sequence, dropout, True)
             outputs = []
             for direction in range(directions):
                 index = layer * directions + direction
@@ -65,9 +69,7 @@ def _symbolic(relu: bool) -> Any:
         return output, g.op("Concat", *finals, axis_i=0)
 
     def symbolic(g: Any, *args: Any) -> Any:
-        packed = symbolic_helper._is_tensor_list(args[3])  # (data, batch_sizes, hx, params, ...)
-        dropout, train = (symbolic_helper._maybe_get_const(value, "f") for value in args[5:7])
-        if packed or (dropout and train):
+        if symbolic_helper._is_tensor_list(args[3]):  # packed: (data, batch_sizes, hx, params, ...)
             return torch_export(g, *args)
         return layers(g, *args)
 
