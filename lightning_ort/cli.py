@@ -93,6 +93,8 @@ def _ort_lines(strategy: ORTStrategyMixin) -> list[str]:
         for graph, reason in (("training", report.fallback_reason), ("inference", report.eval_fallback_reason)):
             if reason is not None:
                 line += f"; gave up on its {graph} graph: {reason}"
+        for reason, calls in report.torch_call_reasons.items():
+            line += f"; {calls} in PyTorch because {reason}"
         lines.append(line)
     return lines
 

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -34,6 +34,8 @@ class ORTModuleReport:
         torch_calls: forward calls PyTorch executed instead.
         fallback_reason: why ORT's training graph was given up, or ``None``.
         eval_fallback_reason: why ORT's inference graph was given up, or ``None``.
+        torch_call_reasons: why single calls ran in PyTorch while ORT kept both graphs (a training-mode
+            module under ``no_grad``, another autocast state), with how many calls each.
     """
 
     name: str
@@ -41,12 +43,23 @@ class ORTModuleReport:
     torch_calls: int = 0
     fallback_reason: str | None = None
     eval_fallback_reason: str | None = None
+    torch_call_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def uses_ort(self) -> bool:
         """Whether ORT still runs this module in both modes."""
         return self.fallback_reason is None and self.eval_fallback_reason is None
 
+
+_TRAINING_UNDER_NO_GRAD = (
+    "a training-mode module called under no_grad (ORT's inference graph would not update BatchNorm "
+    "statistics as PyTorch does; call .eval() on it, or call it with gradients)"
+)
+_OTHER_AUTOCAST = "called under another autocast state than the one its graph was exported with"
+_MODES_BEFORE_BACKWARD = (
+    "submodules' train/eval modes changed before the previous call's backward (a new export now would "
+    "free the state that backward needs)"
+)
 
 # The line naming the exception in a traceback ORT embeds in its own error text
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
@@ -110,15 +123,16 @@ class ORTGuard:
         # PyTorch); under no_grad a training-mode module would run ORT's inference graph, which would
         # not update BatchNorm's counters as PyTorch does.
         graph = torch.is_grad_enabled()
-        if self._ort_module is None or self._gave_up(graph) or (training and not graph):
+        if self._ort_module is None or self._gave_up(graph):
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
+        if training and not graph:
+            return self._in_pytorch(_TRAINING_UNDER_NO_GRAD, args, kwargs)
         # The graph bakes in the autocast casts it was exported with; ORT does not re-export when
         # autocast changes, so a call under another autocast state runs in PyTorch.
         autocast = _autocast_state()
         if self._graph_autocast.setdefault(graph, autocast) != autocast:
-            self.report.torch_calls += 1
-            return self._torch_forward(*args, **kwargs)
+            return self._in_pytorch(_OTHER_AUTOCAST, args, kwargs)
         # The graph also bakes in every submodule's train/eval mode (a BatchNorm frozen in eval mode
         # mid-training, for instance); another combination needs a new export.
         modules = list(self.owner.modules())
@@ -126,10 +140,7 @@ class ORTGuard:
         if self._graph_modes.setdefault(graph, modes) != modes:
             if graph and _compat.backward_pending(self._ort_module):
                 # a new graph now would free the state that forward's backward needs (SIGSEGV)
-                log.info("lightning_ort: train/eval modes in %s changed before a backward; PyTorch runs this call",
-                         self.report.name)  # fmt: skip
-                self.report.torch_calls += 1
-                return self._torch_forward(*args, **kwargs)
+                return self._in_pytorch(_MODES_BEFORE_BACKWARD, args, kwargs)
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
             _compat.export_again(self._ort_module, graph)
             self._graph_modes[graph] = modes
@@ -145,6 +156,14 @@ class ORTGuard:
             _compat.advance_batch_counters(self._batch_norms)
         self.report.ort_calls += 1
         return output
+
+    def _in_pytorch(self, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """This one call in PyTorch, ORT's graphs kept for the next."""
+        if reason not in self.report.torch_call_reasons:
+            log.info("lightning_ort: PyTorch runs calls of %s: %s", self.report.name, reason)
+        self.report.torch_call_reasons[reason] = self.report.torch_call_reasons.get(reason, 0) + 1
+        self.report.torch_calls += 1
+        return self._torch_forward(*args, **kwargs)
 
     def _check_python_state(self, modules: list[torch.nn.Module]) -> None:
         """Raise if Python state the graph cannot follow changed since the export: a value the export

@@ -218,7 +218,14 @@ def test_ort_ddp_relaunches_the_script_and_switches_to_children(tmp_path: Path) 
     # validate runs without the DDP wrapper, through ORT's inference graph (validation_step calls self(x))
     for rank in load_ranks(tmp_path, "validate"):
         assert rank["reports"] == [
-            {"name": "forward", "ort_calls": 2, "torch_calls": 0, "fallback_reason": None, "eval_fallback_reason": None}
+            {
+                "name": "forward",
+                "ort_calls": 2,
+                "torch_calls": 0,
+                "fallback_reason": None,
+                "eval_fallback_reason": None,
+                "torch_call_reasons": {},
+            }
         ]
         assert len(rank["val_losses"]) == 1
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
 from models import CNN, MLP, image_loader, mlp_loader
+
+from lightning_ort import guard
 
 STEPS = 8
 
@@ -69,3 +72,25 @@ def test_eval_and_train_calls_before_one_backward_train_like_eager() -> None:
     # ORT runs the eval-mode call; the train-mode one, whose graph would need a new export while the
     # first call's backward is pending, runs in PyTorch
     assert report.fallback_reason is None and report.ort_calls == 4 and report.torch_calls == 4
+    ((reason, calls),) = report.torch_call_reasons.items()
+    assert "changed before the previous call's backward" in reason and calls == 4
+
+
+class TeacherInTrainModeUnderNoGrad(CNN):
+    """A distillation-style reference output computed under ``no_grad`` with the module left in train
+    mode: PyTorch runs that call (it updates BatchNorm's statistics), and the report says why."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        with torch.no_grad():
+            reference = self(x)
+        return F.cross_entropy(self(x), y) + 0.1 * F.mse_loss(self(x), reference)
+
+
+def test_training_mode_call_under_no_grad_runs_in_pytorch_with_the_reason() -> None:
+    eager, ort = fit_both(TeacherInTrainModeUnderNoGrad, image_loader, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    (report,) = ort.reports
+    assert report.uses_ort and report.ort_calls == 8 and report.torch_calls == 4
+    assert report.torch_call_reasons == {guard._TRAINING_UNDER_NO_GRAD: 4}
