@@ -24,6 +24,11 @@ def _state(g: Any, states: Any, start: int, end: int) -> Any:
     return symbolic_helper._slice_helper(g, states, axes=[0], starts=[start], ends=[end])
 
 
+def _initial(variant: str, states: list[Any]) -> Any:
+    """torch's export takes an LSTM's (h0, c0) as a tuple and a GRU's h0 alone."""
+    return tuple(states) if variant == "LSTM" else states[0]
+
+
 def _layers(g: Any, variant: str, input: Any, hidden: Any, weight_list: Any, *flags: Any) -> Any:
     has_biases, num_layers, dropout, _, bidirectional, batch_first = (
         symbolic_helper._maybe_get_const(flag, kind) for flag, kind in zip(flags, "iifiii", strict=True)
@@ -34,8 +39,9 @@ def _layers(g: Any, variant: str, input: Any, hidden: Any, weight_list: Any, *fl
     per_layer = (4 if has_biases else 2) * directions
     if len(weights) != per_layer * num_layers:  # LSTM(proj_size=...): torch's export refuses it
         return symbolic_opset9._generic_rnn(
-            g, variant, input, tuple(states), weights, has_biases, num_layers, dropout, 1, bidirectional, batch_first
-        )
+            g, variant, input, _initial(variant, states), weights, has_biases, num_layers, dropout, 1,
+            bidirectional, batch_first,
+        )  # fmt: skip
     finals: list[list[Any]] = [[] for _ in states]
     output = input
     for layer in range(num_layers):
@@ -46,7 +52,7 @@ def _layers(g: Any, variant: str, input: Any, hidden: Any, weight_list: Any, *fl
             g,
             variant,
             output,
-            tuple(layer_states) if variant == "LSTM" else layer_states[0],
+            _initial(variant, layer_states),
             weights[layer * per_layer : (layer + 1) * per_layer],
             has_biases,
             1,
