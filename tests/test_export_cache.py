@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit
-from models import MLP, NoGradInForward, mlp_loader
+from models import CNN, MLP, NoGradInForward, image_loader, mlp_loader
 from test_custom_function import STEMLP
 
 import lightning_ort
@@ -96,6 +96,61 @@ def test_float64_model_gets_its_own_key(cache_dir: Path) -> None:
     assert export_cache.cache_directory(module, [torch.randn(2, 16, dtype=torch.float64)], "info", 17, True, False) != (
         export_cache.cache_directory(module, [torch.randn(2, 16)], "info", 17, True, False)
     )
+
+
+class TemperedCNN(CNN):
+    """BatchNorm layers (ORT's graph cannot advance ``num_batches_tracked``; the trace counts their
+    calls) and a temperature a schedule changes at step 2 (the trace records the read). An export
+    served from the cache runs no trace, so both must come with it."""
+
+    scale = 1.0  # a class attribute: not in the cache key, unlike instance attributes
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temperature = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.scale / self.temperature
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.temperature = 2.0 if self.global_step >= 2 else 1.0
+
+
+def _fit_cnn(model: torch.nn.Module, strategy: Any) -> Any:
+    return fit(model, image_loader(), strategy, 4)
+
+
+def test_reused_export_still_sees_attribute_changes_and_counts_batch_norm_calls(
+    cache_dir: Path, exports: list[Any]
+) -> None:
+    torch.manual_seed(0)
+    model = TemperedCNN()
+    twin, eager_model = copy.deepcopy(model), copy.deepcopy(model)
+    eager = _fit_cnn(eager_model, "auto")
+    first = _fit_cnn(model, lightning_ort.ORTStrategy(export_cache=True))
+    second = _fit_cnn(twin, lightning_ort.ORTStrategy(export_cache=True))
+    assert len(exports) == 1, "the second run exported again"
+    for run in (first, second):
+        assert_losses_match(eager, run)
+        assert_states_match(eager, run)  # num_batches_tracked included
+        (report,) = run.reports
+        assert report.ort_calls == 2 and "self.temperature, which was 1.0" in str(report.fallback_reason)
+
+
+def test_cached_graph_holding_another_value_is_exported_anew(
+    cache_dir: Path, exports: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    model = TemperedCNN()
+    twin, eager_model = copy.deepcopy(model), copy.deepcopy(model)
+    fit(model, image_loader(), lightning_ort.ORTStrategy(export_cache=True), 2)
+    monkeypatch.setattr(TemperedCNN, "scale", 3.0)  # same key, other constant in the graph
+    eager = fit(eager_model, image_loader(), "auto", 2)
+    run = fit(twin, image_loader(), lightning_ort.ORTStrategy(export_cache=True, fallback="raise"), 2)
+    assert len(exports) == 2, "the cached graph with scale 1.0 was reused"
+    assert_ort_ran(run, 2)
+    assert_losses_match(eager, run)
+    assert_states_match(eager, run)
 
 
 def test_refused_export_is_never_reused(cache_dir: Path) -> None:

@@ -107,3 +107,15 @@ def advance_batch_counters(layers: list[torch.nn.modules.batchnorm._BatchNorm]) 
             calls = _CALLS_PER_FORWARD.get(layer, 1)
             if layer.training and layer.track_running_stats and calls:
                 layer.num_batches_tracked.add_(calls)
+
+
+def recorded_calls(module: torch.nn.Module) -> dict[str, int]:
+    """How often one forward of ``module`` runs each of its BatchNorm layers, by name, as counted."""
+    return {name: _CALLS_PER_FORWARD[layer] for name, layer in module.named_modules() if layer in _CALLS_PER_FORWARD}
+
+
+def restore_calls(module: torch.nn.Module, calls: dict[str, int]) -> None:
+    """Take over counts saved by :func:`recorded_calls` for the layers of ``module``."""
+    for name, layer in module.named_modules():
+        if name in calls:
+            record_calls_per_forward(layer, int(calls[name]))

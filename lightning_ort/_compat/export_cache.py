@@ -18,6 +18,9 @@ named by a key over everything the export depends on that can be seen from outsi
 What the key cannot see is state a ``forward`` reads from elsewhere (environment variables, globals
 set at run time); such models must not use the cache. Graphs with custom autograd.Functions
 (PythonOp nodes) are never cached, and an export that lightning_ort refuses is removed from it.
+What the export's trace recorded (module attributes read, BatchNorm calls per forward) is kept with
+the graph (``trace_record.py``) and taken over when it is reused; an entry whose recorded attribute
+values differ from the module's is exported anew.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 import onnx
 import torch
 
+from lightning_ort._compat import trace_record
 from lightning_ort._compat.extensions import cache_root
 
 log = logging.getLogger(__name__)
@@ -178,6 +182,26 @@ def export_cache(directory: Path | None, logger: logging.Logger) -> Iterator[lis
         log.info("lightning_ort: reused the cached ONNX export in %s", directory)
     else:
         log.info("lightning_ort: cached the ONNX export in %s", directory)
+
+
+def reuse_trace_record(directory: Path, module: torch.nn.Module) -> bool:
+    """Before ORT's export of ``module``: whether ``directory`` holds a graph ORT will reuse, with
+    what its trace recorded now taken over; an entry whose record does not fit is removed first."""
+    if not any(directory.glob("*.onnx")):
+        return False
+    problem = trace_record.restore(directory, module)
+    if problem is None:
+        return True
+    log.info("lightning_ort: not reusing the cached ONNX export in %s: %s", directory, problem)
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    return False
+
+
+def keep_trace_record(directory: Path, module: torch.nn.Module) -> None:
+    """After a new export of ``module`` that ``directory`` now caches: keep what its trace recorded."""
+    if any(directory.glob("*.onnx")):
+        trace_record.save(directory, module)
 
 
 class _CachedModelNote(logging.Filter):

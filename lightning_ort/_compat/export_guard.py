@@ -106,6 +106,8 @@ class _ExportRecord:
     keeps_functions: bool = False
     # Qualified names of the Functions that became PythonOp nodes.
     python_ops: set[str] = field(default_factory=set)
+    # torch's exporter ran (no export served from the cache, export_cache.py): a trace happened.
+    traced: bool = False
 
 
 def _python_op_names(exported: Any) -> set[str]:
@@ -137,6 +139,7 @@ def _torchscript_exporter(record: _ExportRecord) -> Iterator[None]:
         if isinstance(model, torch.nn.Module) and requested in (TrainingMode.TRAINING, TrainingMode.EVAL):
             if model.training == (requested == TrainingMode.TRAINING):
                 kwargs["training"] = TrainingMode.PRESERVE
+        record.traced = True
         record.keeps_functions = kwargs.get("autograd_inlining") is False
         if not record.keeps_functions:
             return original(*args, **kwargs)
@@ -296,7 +299,7 @@ def _count_batch_norm_calls(module: torch.nn.Module, before: dict[str, torch.Ten
 
 
 @contextlib.contextmanager
-def _preserved_buffers(module: torch.nn.Module) -> Iterator[tuple[list[str], list[str]]]:
+def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iterator[tuple[list[str], list[str]]]:
     """Undo buffer updates made by the forward runs the export does (in place or by assigning a new
     tensor); list the buffers they changed in place, and those they replaced.
 
@@ -309,7 +312,7 @@ def _preserved_buffers(module: torch.nn.Module) -> Iterator[tuple[list[str], lis
     try:
         yield changed, replaced
     finally:
-        if module.training:
+        if module.training and exported.traced:  # a cached export's counts come from its trace record
             _count_batch_norm_calls(module, {name: value for name, _, value in saved})
         current = dict(module.named_buffers())
         with torch.no_grad():
@@ -327,7 +330,7 @@ def _preserved_buffers(module: torch.nn.Module) -> Iterator[tuple[list[str], lis
         changed[:] = [name.removeprefix("_original_module.") for name in changed if id(by_name[name]) not in handled]
 
 
-def _user_modules(module: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, str]]:
+def user_modules(module: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, str]]:
     """The user's modules under ORT's flattened ``module`` (the adapter's owner included), by id, with
     the names the user knows them by."""
     modules = {
@@ -335,13 +338,13 @@ def _user_modules(module: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, s
         for name, submodule in module.named_modules()
         if submodule is not module
     }
-    owner = getattr(_adapter(module), "_owner", None)
+    owner = getattr(adapter_of(module), "_owner", None)
     if isinstance(owner, torch.nn.Module):
         modules[id(owner)] = (owner, "self")
     return modules
 
 
-def _adapter(module: torch.nn.Module) -> torch.nn.Module:
+def adapter_of(module: torch.nn.Module) -> torch.nn.Module:
     """The module ORT's flattened ``module`` wraps (lightning_ort's ForwardAdapter)."""
     return getattr(module, "_original_module", module)
 
@@ -376,8 +379,9 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     versions = trace_checks.parameter_versions(module)
     exported = _ExportRecord()
     with contextlib.ExitStack() as stack:
-        mutated, replaced = stack.enter_context(_preserved_buffers(module))
-        stack.enter_context(python_reads.recorded_reads(python_reads.reads_of(_adapter(module)), _user_modules(module)))
+        mutated, replaced = stack.enter_context(_preserved_buffers(module, exported))
+        reads = python_reads.reads_of(adapter_of(module))
+        stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
         inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))

@@ -11,7 +11,7 @@ from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort._compat.channels_last import to_channels_last
 from lightning_ort._compat.concat_fills import pad_constant_fills
 from lightning_ort._compat.dim_names import sanitize_dim_names
-from lightning_ort._compat.export_cache import cache_directory, export_cache
+from lightning_ort._compat.export_cache import cache_directory, export_cache, keep_trace_record, reuse_trace_record
 from lightning_ort._compat.export_guard import guarded_export
 from lightning_ort._compat.gradient_overloads import choose_overloads
 from lightning_ort._compat.losses import add_log_prob_outputs
@@ -57,6 +57,7 @@ def _wrap_export() -> None:
                 rewrites,
                 kwargs["enable_custom_autograd_function"],
             )
+        reused = directory is not None and reuse_trace_record(directory, module)
         # never ORT's own cache (ORTMODULE_CACHE_DIR), keyed only by the printed module structure
         kwargs["ortmodule_cache_dir"] = str(directory) if directory is not None else ""
         with (
@@ -67,7 +68,9 @@ def _wrap_export() -> None:
             rewritten_symbolics(rewrites, kwargs["onnx_opset_version"]),
         ):
             results.append(original(*args, **kwargs))
-            return results[-1]
+        if directory is not None and not reused:
+            keep_trace_record(directory, module)
+        return results[-1]
 
     GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
 

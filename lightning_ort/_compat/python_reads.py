@@ -98,3 +98,43 @@ def changed_read(module: torch.nn.Module) -> str | None:
                 "(self.register_buffer), which ORT reads on every call"
             )
     return None
+
+
+def _holds(module: torch.nn.Module, name: str, values: list[Any]) -> bool:
+    current = getattr(module, name, None)
+    return isinstance(current, _NUMBERS) and all(current == value and type(current) is type(value) for value in values)
+
+
+def to_record(reads: PythonReads) -> dict[str, list[Any]]:
+    """``reads`` by module name, in JSON's types, to be kept with a cached export (trace_record.py)."""
+    return {
+        "numbers": [[reads.modules[key][1], name, values] for (key, name), values in reads.numbers.items()],
+        "tensors": [[reads.modules[key][1], name] for key, name in reads.tensors],
+    }
+
+
+def from_record(
+    reads: PythonReads, modules: dict[int, tuple[torch.nn.Module, str]], record: dict[str, list[Any]]
+) -> str | None:
+    """Add to ``reads`` those a cached export's trace made (``to_record``), plain tensors as they are
+    now; or, changing nothing, say why the cached graph does not fit (a value it holds differs)."""
+    by_name: dict[str, list[torch.nn.Module]] = {}
+    for module, name in modules.values():
+        by_name.setdefault(name, []).append(module)
+    numbers: dict[tuple[int, str], list[Any]] = {}
+    for path, name, values in record["numbers"]:
+        owner = next((module for module in by_name.get(path, []) if _holds(module, name, values)), None)
+        if owner is None:
+            return f"{path}.{name} is not {values[0]!r} as when the cached graph was exported"
+        numbers[(id(owner), name)] = values
+    tensors: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for path, name in record["tensors"]:
+        owner = next((module for module in by_name.get(path, []) if name in vars(module)), None)
+        if owner is None or type(vars(owner)[name]) is not torch.Tensor:
+            return f"{path}.{name} is not the plain tensor attribute the cached graph read"
+        tensor = vars(owner)[name]
+        tensors[(id(owner), name)] = [(id(tensor), tensor._version)]
+    reads.modules.update(modules)
+    reads.numbers.update(numbers)
+    reads.tensors.update(tensors)
+    return None
