@@ -100,3 +100,35 @@ def test_pooling_trains_without_op_rewrites(make_model: Callable[[], Base]) -> N
     assert_ort_ran(ort, 4)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+# A kernel or output size read from the input's length: torch's argument parser turns a tensor given
+# alone for an int[1] into a number without a TracerWarning, so ORT's graph kept the first batch's
+# length and pooled part of longer sequences (losses off by 3% from the third step, no warning).
+SIZED_BY_LENGTH: dict[str, Pool] = {
+    "max-pool-1d-over-length": lambda h: F.max_pool1d(h, h.shape[2]),
+    "avg-pool-1d-over-length": lambda h: F.avg_pool1d(h, h.size(-1)),
+    "adaptive-avg-pool-1d-half-length": lambda h: F.adaptive_avg_pool1d(h, h.shape[2] // 2),
+}
+
+
+def _short_then_long() -> Any:
+    return sequence_batches([(4, 5), (4, 10), (3, 11), (2, 5)], 4)
+
+
+@pytest.mark.parametrize("pool", SIZED_BY_LENGTH.values(), ids=SIZED_BY_LENGTH.keys())
+def test_pooling_size_read_from_the_input_is_refused(pool: Pool) -> None:
+    eager, ort = fit_both(lambda: Sequences(pool), _short_then_long, 4)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "as a kernel or output size at" in report.fallback_reason
+    assert report.ort_calls == 0
+    assert_losses_match(eager, ort, rtol=0)
+    assert_states_match(eager, ort, atol=0, rtol=0)
+
+
+def test_pooling_over_length_as_a_reduction_trains_in_ort() -> None:
+    """The fix the refusal suggests: a max over the length dimension."""
+    eager, ort = fit_both(lambda: Sequences(lambda h: h.amax(2, keepdim=True)), _short_then_long, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -383,6 +383,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         reads = python_reads.reads_of(adapter_of(module))
         stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
+        size_list_reads = stack.enter_context(trace_checks.size_list_reads(_user_frame))
         inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
@@ -445,6 +446,14 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             f"at {index_conversions[0]} (range(), an index); the export freezes that number, so a loop over a "
             "dimension would stay unrolled for the first batch's size. Fix: use tensor operations over the whole "
             "dimension, or keep that module out of ORT with ORTStrategy(modules=[...])"
+        )
+    if size_list_reads:
+        raise ORTUnsupportedModelError(
+            f"its forward gives a tensor (under ONNX export, also a size such as x.shape[2]) as a kernel or output "
+            f"size at {size_list_reads[0]} (F.max_pool1d(x, x.shape[2])); the export freezes that number, so later "
+            "batches of another length would pool over the first batch's size. Fix: reduce over the dimension "
+            "(x.amax(dim=2), x.mean(dim=2)) or use a fixed size, or keep that module out of ORT with "
+            "ORTStrategy(modules=[...])"
         )
     unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
     if any(record.filename == _ORT_OUTPUT_FLATTENING for record in unsafe):

@@ -12,13 +12,18 @@ Each one trained silently differently from eager PyTorch before it was checked:
   from parameters, become part of the graph and are fine);
 - embeddings with ``sparse=True``: ORT computes dense gradients;
 - an input changed in place by ``forward`` (``x.mul_(2)``, ``x[:, 0] = 0``): ORT's graph works on
-  its own copy, so the caller's tensor stayed unchanged where eager changes it.
+  its own copy, so the caller's tensor stayed unchanged where eager changes it;
+- a tensor given alone for a fixed-size list of ints (``F.max_pool1d(h, h.shape[2])``,
+  ``F.adaptive_avg_pool1d(h, h.shape[2] // 2)``): torch's argument parser reads it with ``item()``,
+  neither through ``__index__`` nor with a TracerWarning, so the kernel or output size stayed the
+  first batch's (a TextCNN's max over time covered part of a longer sequence).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dis
+import functools
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -51,6 +56,71 @@ def index_conversions(locate: Callable[[], str | None]) -> Iterator[list[str]]:
         yield seen
     finally:
         torch.Tensor.__index__ = original  # type: ignore[method-assign]
+
+
+# Functions taking kernel, stride or output sizes as int[N], where a size read from the input (the
+# length of a sequence) is the natural argument. The torch.* names are the same callables as some of F's.
+_POOLING = [
+    f"{kind}_pool{dims}d" for kind in ("max", "avg", "lp", "adaptive_max", "adaptive_avg") for dims in (1, 2, 3)
+]
+# lp_pool has no ATen operator (it is avg_pool of a power): its sizes are ``kernel_size`` and ``stride``.
+_LP_POOL_SIZES = (frozenset({2, 3}), frozenset({"kernel_size", "stride"}))
+
+
+def _size_positions(name: str) -> tuple[frozenset[int], frozenset[str]]:
+    """Positions and names of ``name``'s ``int[N]`` parameters (``F.max_pool1d`` and the other Python
+    wrappers take the ATen operator's arguments in the same order)."""
+    if name.startswith("lp_pool"):
+        return _LP_POOL_SIZES
+    positions: set[int] = set()
+    names: set[str] = set()
+    for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
+        for position, argument in enumerate(schema.arguments):
+            if argument.N is not None and "List[int]" in str(argument.type):
+                names.add(argument.name)
+                if not argument.kwarg_only:
+                    positions.add(position)
+    return frozenset(positions), frozenset(names)
+
+
+def _is_scalar_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 0
+
+
+@contextlib.contextmanager
+def size_list_reads(locate: Callable[[], str | None]) -> Iterator[list[str]]:
+    """Where (``locate()`` of the caller) traced code gave a tensor alone for a pooling size
+    (``F.max_pool1d(h, h.shape[2])``): torch's argument parser turns a tensor given for an ``int[N]`` into a
+    number with ``item()``, which neither ``__index__`` nor a TracerWarning reveals, so the export freezes it."""
+    seen: list[str] = []
+    patched: list[tuple[Any, str, Any]] = []
+
+    def checked(original: Any, positions: frozenset[int], names: frozenset[str]) -> Any:
+        @functools.wraps(original)
+        def pooling(*args: Any, **kwargs: Any) -> Any:
+            if torch.jit.is_tracing() and (
+                any(_is_scalar_tensor(args[i]) for i in positions if i < len(args))
+                or any(_is_scalar_tensor(kwargs.get(name)) for name in names)
+            ):
+                location = locate()
+                if location is not None and location not in seen:
+                    seen.append(location)
+            return original(*args, **kwargs)
+
+        return pooling
+
+    for name in _POOLING:
+        positions, names = _size_positions(name)
+        for namespace in (torch.nn.functional, torch):
+            original = getattr(namespace, name, None)
+            if original is not None:
+                patched.append((namespace, name, original))
+                setattr(namespace, name, checked(original, positions, names))
+    try:
+        yield seen
+    finally:
+        for namespace, name, original in patched:
+            setattr(namespace, name, original)
 
 
 def _in_subscript(frame: types.FrameType) -> bool:
