@@ -290,6 +290,7 @@ def install() -> None:
         backward_once,
         batchnorm,
         channels_last,
+        chunks,
         conv_padding,
         detach,
         distances,
@@ -325,6 +326,7 @@ def install() -> None:
     reductions.register()
     rnn.register()
     rnn_dropout.register()
+    chunks.register()
     einsum.register()
     onnx_gradients.register()
     channels_last.register_gradients()
