@@ -1,5 +1,5 @@
 // The q/k/v split of attention in one pass each way (unbind.py): `x.permute(perm).unbind(dim)`, each
-// part made contiguous by torch's parallel copy, replaces ORT's Split with a Transpose per part;
+// part copied by torch's parallel copy, replaces ORT's Split with a Transpose per part;
 // its gradient writes the parts' gradients straight into the input's layout, replacing ORT's
 // Concat and Transpose. Values are copies either way, identical to eager's.
 
@@ -11,9 +11,12 @@
 
 namespace {
 
+// Always copies: ORT takes the outputs over without knowing they could share the input's memory, and
+// reuses that memory after the node. contiguous() returns a view when the part is contiguous
+// already, as it is when every other dimension has size 1 (a batch of one sequence of length 1).
 std::vector<at::Tensor> parts(const at::Tensor& x, at::IntArrayRef perm, int64_t dim) {
   std::vector<at::Tensor> result;
-  for (const auto& part : x.permute(perm).unbind(dim)) result.push_back(part.contiguous());
+  for (const auto& part : x.permute(perm).unbind(dim)) result.push_back(part.clone(at::MemoryFormat::Contiguous));
   return result;
 }
 
