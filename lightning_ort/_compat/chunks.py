@@ -11,22 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset13
 
-
-def _constant(g: Any, value: int) -> Any:
-    return g.op("Constant", value_t=torch.tensor([value], dtype=torch.int64))
+from lightning_ort._compat.torch_kernels import constant
 
 
 @symbolic_helper.parse_args("v", "i", "i", "i")
 def _unsafe_chunk(g: Any, input: Any, chunks: int, dim: int, _outputs: int | None = None) -> Any:
     if _outputs is None or symbolic_helper._get_tensor_dim_size(input, dim) is not None:
         return symbolic_opset13.unsafe_chunk(g, input, chunks, dim, _outputs)
-    size = g.op("Gather", g.op("Shape", input), _constant(g, dim), axis_i=0)
+    size = g.op("Gather", g.op("Shape", input), constant(g, [dim]), axis_i=0)
     # torch's parts: ceil(size / chunks) each, the last one what is left
-    part = g.op("Div", g.op("Add", size, _constant(g, chunks - 1)), _constant(g, chunks))
-    last = g.op("Sub", size, g.op("Mul", part, _constant(g, _outputs - 1)))
+    part = g.op("Div", g.op("Add", size, constant(g, [chunks - 1])), constant(g, [chunks]))
+    last = g.op("Sub", size, g.op("Mul", part, constant(g, [_outputs - 1])))
     sizes = g.op("Concat", *[part] * (_outputs - 1), last, axis_i=0)
     return g.op("Split", input, sizes, axis_i=dim, outputs=_outputs)
 

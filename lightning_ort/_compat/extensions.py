@@ -43,6 +43,46 @@ def _ort_version() -> str:
     return onnxruntime.__version__
 
 
+# ORT's executor hands an operator's contiguous output to ORT as it is, also when it shares memory
+# with an input (a view, or the input itself: `unbind` parts of size-1 batches, an identity einsum,
+# ORT's own `diagonal`/`unfold` exports in corner cases). ORT does not know, and reuses the input's
+# memory after the node, so the output changed under the next nodes: silently wrong training. Such
+# outputs are copied.
+_OUTPUT_AS_IS = "at::toDLPack(tensor.is_contiguous() ? tensor : tensor.contiguous())"
+_OUTPUT_OWNED = "at::toDLPack(lightning_ort_owned_output(tensor, arguments))"
+_EXECUTOR = "void ExecuteATenOperator("
+_OWNED_OUTPUT_FUNCTION = """// lightning_ort: an output sharing memory with an input is copied (extensions.py says why).
+at::Tensor lightning_ort_owned_output(const at::Tensor& tensor, const std::vector<c10::IValue>& arguments) {
+  for (const auto& argument : arguments) {
+    if (argument.isTensor() && argument.toTensor().defined() && tensor.is_alias_of(argument.toTensor())) {
+      return tensor.clone(at::MemoryFormat::Contiguous);
+    }
+  }
+  return tensor.is_contiguous() ? tensor : tensor.contiguous();
+}
+
+"""
+
+
+def _owned_outputs(source: Path) -> Path:
+    """ORT's executor source with outputs that share an input's memory copied, written once into the
+    cache (site-packages stays untouched)."""
+    text = source.read_text()
+    if text.count(_OUTPUT_AS_IS) != 1 or text.count(_EXECUTOR) != 1:
+        raise ORTSetupError(
+            f"ORT's aten_op_executor source at {source} is not the one lightning_ort was written for "
+            "(onnxruntime-training 1.19.2). Fix: pip install 'lightning-ort[cpu]' to get that version."
+        )
+    text = text.replace(_OUTPUT_AS_IS, _OUTPUT_OWNED).replace(_EXECUTOR, _OWNED_OUTPUT_FUNCTION + _EXECUTOR)
+    patched = cache_root() / "sources" / hashlib.sha256(text.encode()).hexdigest()[:16] / "aten_op_executor.cc"
+    if not patched.is_file():
+        patched.parent.mkdir(parents=True, exist_ok=True)
+        temporary = patched.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(text)
+        temporary.replace(patched)
+    return patched
+
+
 def _aten_op_executor_source() -> Path:
     spec = importlib.util.find_spec("onnxruntime")
     if spec is None or spec.origin is None:
@@ -135,7 +175,7 @@ def _build(
 
 def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
     """Return the path of the compiled ``aten_op_executor`` and whether it was built just now."""
-    return _build("aten_op_executor", _aten_op_executor_source(), "ORT's aten_op_executor", verbose)
+    return _build("aten_op_executor", _owned_outputs(_aten_op_executor_source()), "ORT's aten_op_executor", verbose)
 
 
 def _packaged(source: Path) -> Path:
