@@ -36,3 +36,31 @@ def test_normal_noise_has_the_dtype_and_distribution_asked_for() -> None:
     assert not torch.equal(model.noises[0], model.noises[1])  # fresh draws every call
     pooled = torch.cat([noise.flatten() for noise in model.noises])
     assert abs(float(pooled.mean()) - 0.5) < 0.2 and abs(float(pooled.std()) - 2.0) < 0.2
+
+
+class BernoulliMask(MLP):
+    """Keeps each hidden feature with probability 0.2 (``torch.bernoulli``, as DropBlock); returns the mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masks: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.body(x)
+        mask = torch.bernoulli(torch.full_like(hidden, 0.2))
+        return self.head(hidden * mask / 0.2), mask
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits, mask = self(x)
+        self.masks.append(mask.detach().clone())
+        return F.cross_entropy(logits, y)
+
+
+def test_bernoulli_of_probabilities_keeps_with_those_probabilities() -> None:
+    # ORT's Bernoulli kernel drew 1 with probability 1 - p: 80% of the features were kept, not 20%
+    model = BernoulliMask()
+    result = fit(model, mlp_loader(), "ort", max_steps=8)
+    assert_ort_ran(result, 8)
+    assert not torch.equal(model.masks[0], model.masks[1])
+    assert abs(float(torch.cat([mask.flatten() for mask in model.masks]).mean()) - 0.2) < 0.03

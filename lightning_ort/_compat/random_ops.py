@@ -1,10 +1,17 @@
-"""``torch.normal(mean, std, size, dtype=...)`` (and ``Tensor.normal_()``) exported in its dtype.
+"""Random ops exported so that ORT draws from eager's distribution, in eager's dtype.
+
+``torch.normal(mean, std, size, dtype=...)`` (and ``Tensor.normal_()``) exported in its dtype.
 
 The tracer records ``torch.empty_like(h).normal_()`` as ``aten::normal(0.0, 1.0, h.shape, dtype=...)``,
 and torch's symbolic ignores the dtype: the noise came out of ORT's graph in float64 (the type of
 the float constants), which made the next layer fail or everything after it run in double. It is
 exported as ONNX ``RandomNormalLike`` with the mean and standard deviation as attributes and the
 requested dtype. Like dropout's masks inside ORT, the draws come from ORT's generator, not torch's.
+
+``torch.bernoulli(probs)`` (no ``p``) is exported by torch as ONNX ``Bernoulli``, whose CPU kernel in
+ORT 1.19.2 draws 1 with probability ``1 - probs``: a DropBlock mask kept 80% of the features where
+eager kept 20%. It is exported as a uniform draw compared with the probabilities, as torch already
+exports ``bernoulli(input, p)``.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset11
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9, symbolic_opset11
 
 
 def _normal(g: Any, *args: Any) -> Any:
@@ -39,8 +46,13 @@ def _normal(g: Any, *args: Any) -> Any:
     return symbolic_opset11.normal(g, *args)
 
 
+def _bernoulli(g: Any, input: Any, p: Any = None, generator: Any = None, out: Any = None) -> Any:
+    return symbolic_opset9.bernoulli(g, input, p, generator, out)
+
+
 def register() -> None:
-    """Register the symbolic with ORT's registry (process-wide)."""
+    """Register the symbolics with ORT's registry (process-wide)."""
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
     CustomOpSymbolicRegistry.register("normal", "", _normal)
+    CustomOpSymbolicRegistry.register("bernoulli", "", _bernoulli)
