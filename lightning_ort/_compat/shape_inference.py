@@ -30,7 +30,7 @@ from typing import Any
 import onnx
 import sympy
 from onnx import helper
-from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, is_literal
+from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_shape_from_sympy_shape, is_literal
 
 from lightning_ort._compat import activations, indexing, layers, math_ops, upsample
 
@@ -183,6 +183,19 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
             dims = [str(new) if dim is None else dim for dim, new in zip(shape, fresh, strict=True)]
             elem_type = tensor_type.elem_type or self.known_vi_[node.input[0]].type.tensor_type.elem_type
             info.CopyFrom(helper.make_tensor_value_info(name, elem_type, dims))
+
+    def _infer_aten_upsample(self, node: onnx.NodeProto) -> None:
+        """ORT's, for an output size read from the input's shape too (``F.interpolate(h,
+        size=x.shape[-2:])``, as segmentation heads do): ORT's put those sizes, sympy symbols, into
+        the annotation as they were, which onnx rejects, and the whole inference failed."""
+        input_shape = self._get_shape(node, 0)
+        output_size = self._try_get_value(node, 1)
+        if input_shape is None or output_size is None or not node.output[0]:
+            super()._infer_aten_upsample(node)
+            return
+        shape = list(input_shape[:2]) + get_shape_from_sympy_shape(list(output_size))
+        elem_type = self.known_vi_[node.input[0]].type.tensor_type.elem_type
+        self.known_vi_[node.output[0]].CopyFrom(helper.make_tensor_value_info(node.output[0], elem_type, shape))
 
     def _add_suggested_merge(self, symbols: Any, apply: bool = False) -> Any:
         self.assumed.update(_assumed(symbols))
