@@ -201,6 +201,21 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
         self.assumed.update(_assumed(symbols))
         return super()._add_suggested_merge(symbols, apply)
 
+    def _apply_suggested_merge(self, graph_input_only: bool = False) -> None:
+        """ORT's, except that in the annotations of values (not of the graph's inputs, whose merged
+        symbols ORT's next pass requires gone) symbols only assumed equal to another dimension stay
+        symbols, made unknown at the end. ORT wrote the number they were merged into over them
+        (``gates[:, 1:2]`` of a one-hot's width, times an (N, 8) expert output, became (N, 8)), and
+        the gradient builder then summed nothing back: the slice's gradient had 8 columns."""
+        super()._apply_suggested_merge(graph_input_only=True)
+        if graph_input_only:
+            return
+        kept = {symbol: self.suggested_merge_.pop(symbol) for symbol in self.assumed & set(self.suggested_merge_)}
+        try:
+            super()._apply_suggested_merge()
+        finally:
+            self.suggested_merge_.update(kept)
+
     def _broadcast_shapes(self, shape1: list[Any], shape2: list[Any]) -> list[Any]:
         for dim1, dim2 in zip(reversed(shape1), reversed(shape2), strict=False):  # ranks may differ
             if 1 not in (dim1, dim2):
