@@ -11,7 +11,6 @@ left ``num_batches_tracked`` where it was.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,6 @@ import torch
 
 from lightning_ort._compat import batchnorm, python_reads
 from lightning_ort._compat.export_guard import adapter_of, user_modules
-
-log = logging.getLogger(__name__)
 
 FILE = "trace.json"
 
