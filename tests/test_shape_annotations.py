@@ -118,3 +118,32 @@ def test_broadcasts_after_torch_kernels_are_summed() -> None:
         assert_ort_ran(ort, 6)
         assert_losses_match(eager, ort)
         assert_states_match(eager, ort)
+
+
+class UnflattenDecoder(Base):
+    """A VAE-style decoder: a linear layer, ``nn.Unflatten`` to a feature map, a transposed
+    convolution and BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = nn.Linear(8, 4 * 3 * 3)
+        self.decode = nn.Sequential(nn.Unflatten(1, (4, 3, 3)), nn.ConvTranspose2d(4, 2, 2, 2), nn.BatchNorm2d(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.project(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, target = batch
+        return F.mse_loss(self(x), target)
+
+
+def test_unflatten_before_batch_norm_trains_in_ort() -> None:
+    # torch exports unflatten's dimension through a Mod that ORT's inference did not evaluate; the
+    # reshape's shape had an unknown length, the inference failed, and the graph build after it did
+    # too (BatchNorm's extra outputs had no type): the model fell back
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(batch, 8, generator=g), torch.randn(batch, 2, 6, 6, generator=g)) for batch in (4, 3, 4, 2)]
+    eager, ort = fit_both(UnflattenDecoder, lambda: DataLoader(batches, batch_size=None), 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -158,6 +158,7 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
             self.aten_op_dispatcher_[operator] = functools.partial(self._infer_lightning_ort, output_shape)
         for operator in upsample.OPERATORS:  # batch and channels kept, new spatial sizes
             self.aten_op_dispatcher_.setdefault(operator, self._infer_aten_upsample)
+        self.dispatcher_.setdefault("Mod", self._infer_Mod)
 
     def _infer_lightning_ort(
         self, output_shape: Callable[[list[Shape | None], list[Any]], Shape | None], node: onnx.NodeProto
@@ -183,6 +184,13 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
             dims = [str(new) if dim is None else dim for dim, new in zip(shape, fresh, strict=True)]
             elem_type = tensor_type.elem_type or self.known_vi_[node.input[0]].type.tensor_type.elem_type
             info.CopyFrom(helper.make_tensor_value_info(name, elem_type, dims))
+
+    def _infer_Mod(self, node: onnx.NodeProto) -> None:  # noqa: N802 (ORT's naming)
+        """The value of a ``Mod`` of known integers (torch's ``unflatten`` export computes its
+        dimension so, ``nn.Unflatten`` in a decoder): without it the reshape after it has a shape of
+        unknown length, where ORT's inference fails."""
+        if not any(attribute.name == "fmod" and attribute.i for attribute in node.attribute):
+            self._compute_on_sympy_data(node, lambda values: values[0] % values[1])
 
     def _infer_aten_upsample(self, node: onnx.NodeProto) -> None:
         """ORT's, for an output size read from the input's shape too (``F.interpolate(h,
