@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_ort import _compat
+from lightning_ort._compat.extensions import load_aten_ops
 from lightning_ort.callbacks import ONNXGraphDump
 
 
@@ -68,6 +69,26 @@ class CrossAttention(Base):
         memory = self.memory(x.flip(1))
         out, _ = self.attention(x, memory, memory, need_weights=False)
         return self.head(out.mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class BiasKVAttention(Base):
+    """Time-first self-attention with ``bias_k``/``bias_v``: torch's own packed in-projection
+    (mha_export.py leaves it to torch), taken apart at the first dimension of its only tensor."""
+
+    lr = 0.01
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 4, add_bias_kv=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.transpose(0, 1)
+        out, _ = self.attention(t, t, t, need_weights=False)
+        return self.head(out.mean(0))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return F.cross_entropy(self(batch[0]), batch[1])
@@ -131,3 +152,32 @@ def test_a_batch_of_one_position_trains_like_eager(make_model: Any) -> None:
     assert_ort_ran(ort, 4)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+def test_torchs_packed_in_projection_is_taken_apart_in_one_node(tmp_path: Path) -> None:
+    # known to fuse_unbinds only through the annotations, which need the Mod of torch's unflatten
+    dump = ONNXGraphDump(dirpath=tmp_path, stages=["optimized"])
+    eager, ort = fit_both(BiasKVAttention, sequences, 6, callbacks=[dump])
+    assert_ort_ran(ort, 6)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    operators = training_operators(tmp_path)
+    assert operators.count("lightning_ort::unbind3") == 1 and "Split" not in operators, operators
+
+
+@pytest.mark.parametrize(
+    ("shape", "perm", "dim"),
+    [((3, 5, 4, 8), (0, 1, 2, 3), 0), ((1, 1, 3, 4, 4), (2, 0, 3, 1, 4), 0), ((2, 5, 4, 8), (0, 1, 2, 3), 0)],
+    ids=["packed-first", "one-position-permuted", "two-parts"],
+)
+def test_parts_are_copies_of_the_input(shape: tuple[int, ...], perm: tuple[int, ...], dim: int) -> None:
+    """Each part is contiguous in the input's memory here: torch's own packed in-projection
+    (``bias_k``) at any size, the permuted one for one position. A view of it given to ORT was
+    overwritten when ORT reused the input's memory (``bias_k`` attention's loss wrong from step 0)."""
+    load_aten_ops()
+    x = torch.randn(shape)
+    operator = torch.ops.lightning_ort.unbind3 if shape[perm[dim]] == 3 else torch.ops.lightning_ort.unbind2
+    parts = operator(x, list(perm), dim)
+    for part, expected in zip(parts, x.permute(perm).unbind(dim), strict=True):
+        assert torch.equal(part, expected) and part.is_contiguous()
+        assert part.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()

@@ -13,7 +13,8 @@ namespace {
 
 // Always copies: ORT takes the outputs over without knowing they could share the input's memory, and
 // reuses that memory after the node. contiguous() returns a view when the part is contiguous
-// already, as it is when every other dimension has size 1 (a batch of one sequence of length 1).
+// already: always for a split of the first dimension (torch's own packed in-projection, as with
+// add_bias_kv), otherwise when every other dimension has size 1 (one sequence of length 1).
 std::vector<at::Tensor> parts(const at::Tensor& x, at::IntArrayRef perm, int64_t dim) {
   std::vector<at::Tensor> result;
   for (const auto& part : x.permute(perm).unbind(dim)) result.push_back(part.clone(at::MemoryFormat::Contiguous));
