@@ -64,23 +64,16 @@ at::Tensor lightning_ort_owned_output(const at::Tensor& tensor, const std::vecto
 """
 
 
-def _owned_outputs(source: Path) -> Path:
-    """ORT's executor source with outputs that share an input's memory copied, written once into the
-    cache (site-packages stays untouched)."""
+def _owned_outputs(source: Path) -> str:
+    """ORT's executor source with outputs that share an input's memory copied (compiled from the
+    build directory; site-packages stays untouched)."""
     text = source.read_text()
     if text.count(_OUTPUT_AS_IS) != 1 or text.count(_EXECUTOR) != 1:
         raise ORTSetupError(
             f"ORT's aten_op_executor source at {source} is not the one lightning_ort was written for "
             "(onnxruntime-training 1.19.2). Fix: pip install 'lightning-ort[cpu]' to get that version."
         )
-    text = text.replace(_OUTPUT_AS_IS, _OUTPUT_OWNED).replace(_EXECUTOR, _OWNED_OUTPUT_FUNCTION + _EXECUTOR)
-    patched = cache_root() / "sources" / hashlib.sha256(text.encode()).hexdigest()[:16] / "aten_op_executor.cc"
-    if not patched.is_file():
-        patched.parent.mkdir(parents=True, exist_ok=True)
-        temporary = patched.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(text)
-        temporary.replace(patched)
-    return patched
+    return text.replace(_OUTPUT_AS_IS, _OUTPUT_OWNED).replace(_EXECUTOR, _OWNED_OUTPUT_FUNCTION + _EXECUTOR)
 
 
 def _aten_op_executor_source() -> Path:
@@ -98,10 +91,12 @@ def _aten_op_executor_source() -> Path:
     return source
 
 
-def _build_dir(name: str, files: list[Path]) -> Path:
+def _build_dir(name: str, files: list[Path], generated: dict[str, str]) -> Path:
     key = hashlib.sha256()
     for file in files:
         key.update(file.read_bytes())
+    for file_name, text in sorted(generated.items()):
+        key.update(f"{file_name}:{text}".encode())
     for part in (torch.__version__, _ort_version(), sys.version, sysconfig.get_platform()):
         key.update(part.encode())
     return cache_root() / "extensions" / f"{name}-{key.hexdigest()[:16]}"
@@ -134,18 +129,28 @@ def _load_shared_object(name: str, path: Path) -> types.ModuleType:
 
 
 def _build(
-    name: str, source: Path | list[Path], what: str, verbose: bool, headers: list[Path] | None = None
+    name: str,
+    source: Path | list[Path],
+    what: str,
+    verbose: bool,
+    headers: list[Path] | None = None,
+    generated: dict[str, str] | None = None,
 ) -> tuple[Path, bool]:
-    """Compile ``source`` (one file or several, which may include ``headers``) into
+    """Compile ``source`` (one file or several, which may include ``headers``) and ``generated``
+    sources (file name -> text, written into the build directory) into
     ``<cache>/extensions/<name>-<key>/<name>.so`` unless it is there already."""
-    sources = source if isinstance(source, list) else [source]
-    build_dir = _build_dir(name, sources + (headers or []))
+    sources = list(source) if isinstance(source, list) else [source]
+    generated = generated or {}
+    build_dir = _build_dir(name, sources + (headers or []), generated)
     shared_object = build_dir / f"{name}.so"
     if shared_object.is_file():
         return shared_object, False
     _check_toolchain()
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
+        for file_name, text in generated.items():
+            (build_dir / file_name).write_text(text)
+            sources.append(build_dir / file_name)
     except OSError as err:
         raise ORTSetupError(
             f"Cannot create the extension cache directory {build_dir}: {err}. "
@@ -175,7 +180,8 @@ def _build(
 
 def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
     """Return the path of the compiled ``aten_op_executor`` and whether it was built just now."""
-    return _build("aten_op_executor", _owned_outputs(_aten_op_executor_source()), "ORT's aten_op_executor", verbose)
+    executor = {"aten_op_executor.cc": _owned_outputs(_aten_op_executor_source())}
+    return _build("aten_op_executor", [], "ORT's aten_op_executor", verbose, generated=executor)
 
 
 def _packaged(source: Path) -> Path:
