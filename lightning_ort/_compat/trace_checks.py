@@ -67,6 +67,7 @@ _POOLING = [
 _LP_POOL_SIZES = (frozenset({2, 3}), frozenset({"kernel_size", "stride"}))
 
 
+@functools.cache
 def _size_positions(name: str) -> tuple[frozenset[int], frozenset[str]]:
     """Positions and names of ``name``'s ``int[N]`` parameters (``F.max_pool1d`` and the other Python
     wrappers take the ATen operator's arguments in the same order)."""
