@@ -44,10 +44,10 @@ def _ort_version() -> str:
 
 
 # ORT's executor hands an operator's contiguous output to ORT as it is, also when it shares memory
-# with an input (a view, or the input itself: `unbind` parts of size-1 batches, an identity einsum,
-# ORT's own `diagonal`/`unfold` exports in corner cases). ORT does not know, and reuses the input's
-# memory after the node, so the output changed under the next nodes: silently wrong training. Such
-# outputs are copied.
+# with an input (a view, or the input itself: `unbind` parts split off a size-1 batch, ORT's own
+# `diagonal` export of a (B, 1, 1) tensor). ORT does not know, and reuses the input's memory after
+# the node, so the output changed under the next nodes: silently wrong training. Such outputs are
+# copied.
 _OUTPUT_AS_IS = "at::toDLPack(tensor.is_contiguous() ? tensor : tensor.contiguous())"
 _OUTPUT_OWNED = "at::toDLPack(lightning_ort_owned_output(tensor, arguments))"
 _EXECUTOR = "void ExecuteATenOperator("
