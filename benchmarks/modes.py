@@ -16,7 +16,7 @@ import lightning_ort
 from lightning_ort import _compat
 from lightning_ort.timing import StepTimer
 
-MODES = ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "raw_ort", "compile")
+MODES = ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "ort_fused_attention", "raw_ort", "compile")
 
 
 class Steps(NamedTuple):
@@ -127,6 +127,9 @@ def run_mode(
         return _lightning(workload, model, batches, strategy, device, callbacks)
     if mode == "ort_no_arena":  # torch kernels in ORT's graph allocate through malloc, as before memory_arena
         strategy = lightning_ort.ORTStrategy(**{**ort_options, "memory_arena": False})
+        return _lightning(workload, model, batches, strategy, device, callbacks)
+    if mode == "ort_fused_attention":  # attention written out by hand on torch's fused kernels
+        strategy = lightning_ort.ORTStrategy(**{**ort_options, "fuse_attention": True})
         return _lightning(workload, model, batches, strategy, device, callbacks)
     if mode == "raw_ort":
         runtime = lightning_ort.ORTStrategy(**ort_options).runtime_options

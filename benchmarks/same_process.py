@@ -8,8 +8,9 @@ noise falls on all of them alike. Speed is eager's median step time over the var
 faster); ``--faults`` adds each one's page faults per step. Variants: ``default`` (lightning_ort's
 defaults), ``no_rewrites`` (``op_rewrites=False``), ``threads<N>`` (``intra_op_num_threads=N``,
 e.g. ``threads1``), ``standard_memory`` (``channels_last=False``), ``no_arena``
-(``memory_arena=False``), ``spinning`` (``allow_spinning=True``; its spinning threads also slow
-down whatever runs after it, eager included, so measure it alone), and ``eager_arena``: eager
+(``memory_arena=False``), ``fused_attention`` (``fuse_attention=True``), ``spinning``
+(``allow_spinning=True``; its spinning threads also slow down whatever runs after it, eager
+included, so measure it alone), and ``eager_arena``: eager
 PyTorch with every allocation of its steps served by lightning_ort's memory arena (what eager would
 gain from a caching allocator; not something lightning_ort does to eager).
 """
@@ -44,6 +45,7 @@ VARIANTS = {
     "spinning": {"allow_spinning": True},
     "standard_memory": {"channels_last": False},
     "no_arena": {"memory_arena": False},
+    "fused_attention": {"fuse_attention": True},
 }
 
 

@@ -51,6 +51,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimizer_config: see :class:`~lightning_ort.ORTStrategy`.
         op_rewrites: see :class:`~lightning_ort.ORTStrategy`.
         channels_last: see :class:`~lightning_ort.ORTStrategy`.
+        fuse_attention: see :class:`~lightning_ort.ORTStrategy`.
         memory_arena: see :class:`~lightning_ort.ORTStrategy`.
         export_cache: see :class:`~lightning_ort.ORTStrategy`.
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
@@ -76,6 +77,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
         channels_last: bool = True,
+        fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
         accelerator: pl.accelerators.Accelerator | None = None,
@@ -119,6 +121,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             memory_optimizer_config=memory_optimizer_config,
             op_rewrites=op_rewrites,
             channels_last=channels_last,
+            fuse_attention=fuse_attention,
             memory_arena=memory_arena,
             export_cache=export_cache,
         )

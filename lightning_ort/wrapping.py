@@ -67,6 +67,7 @@ class ORTStrategyMixin(Strategy):
         memory_optimizer_config: str | None = None,
         op_rewrites: bool | None = None,
         channels_last: bool = True,
+        fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
     ) -> None:
@@ -98,6 +99,8 @@ class ORTStrategyMixin(Strategy):
             raise TypeError(f"{name}(op_rewrites={op_rewrites!r}) must be True, False or None.")
         if not isinstance(channels_last, bool):
             raise TypeError(f"{name}(channels_last={channels_last!r}) must be True or False.")
+        if not isinstance(fuse_attention, bool):
+            raise TypeError(f"{name}(fuse_attention={fuse_attention!r}) must be True or False.")
         if not isinstance(memory_arena, bool):
             raise TypeError(f"{name}(memory_arena={memory_arena!r}) must be True or False.")
         if not isinstance(export_cache, bool):
@@ -116,6 +119,7 @@ class ORTStrategyMixin(Strategy):
             memory_optimizer_config=memory_optimizer_config,
             op_rewrites=op_rewrites,
             channels_last=channels_last,
+            fuse_attention=fuse_attention,
             memory_arena=memory_arena,
             export_cache=export_cache,
         )

@@ -40,6 +40,7 @@ NEW_OPTION_ERRORS = [
     ({"custom_autograd": "auto"}, TypeError, "(custom_autograd='auto') must be True, False or None"),
     ({"fused_optimizer": "yes"}, TypeError, "(fused_optimizer='yes') must be True or False"),
     ({"memory_arena": "yes"}, TypeError, "(memory_arena='yes') must be True or False"),
+    ({"fuse_attention": 1}, TypeError, "(fuse_attention=1) must be True or False"),
 ]
 
 

@@ -45,6 +45,7 @@ RUN = (
 )
 NOT_RUN = {
     "callbacks.md": "excerpts of a longer run: the blocks use a `model` and loaders defined elsewhere",
+    "performance.md": "a fragment of a model's forward: q, k, v, the mask and dropout come from the model",
 }
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")

@@ -7,6 +7,7 @@ import functools
 import logging
 from typing import Any
 
+from lightning_ort._compat.attention_fusion import fuse_attention
 from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort._compat.channels_last import to_channels_last
 from lightning_ort._compat.concat_fills import pad_constant_fills
@@ -34,6 +35,8 @@ EXPORT_CACHE_ATTR = "_lightning_ort_export_cache"
 CHANNELS_LAST_ATTR = "_lightning_ort_channels_last"
 # Set on ORT's execution managers whose graphs should split packed q/k/v projections with unbind.py.
 UNBIND_ATTR = "_lightning_ort_unbind"
+# Set on ORT's execution managers whose graphs should fuse attention written out by hand (attention_fusion.py).
+ATTENTION_FUSION_ATTR = "_lightning_ort_attention_fusion"
 # Set on ORT's execution managers (and copied to their agents) whose graph runs use memory_arena.py.
 MEMORY_ARENA_ATTR = "_lightning_ort_memory_arena"
 
@@ -77,6 +80,7 @@ def _wrap_export() -> None:
 
 def _prepare_graph_builder_input() -> None:
     """Each time ORT (re)builds its graphs: rewrite them (channels-last layers, packed q/k/v splits,
+    attention written out by hand,
     losses.py's log-probabilities, concat_fills.py's padding), mark lightning_ort's nodes whose
     inputs need no gradient, and give symbolic dimensions names ORT's memory inspector can parse."""
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
@@ -95,6 +99,8 @@ def _prepare_graph_builder_input() -> None:
             to_channels_last(info._post_export_processed_model)
         if getattr(self, UNBIND_ATTR, False):
             fuse_unbinds(info._post_export_processed_model)
+        if getattr(self, ATTENTION_FUSION_ATTR, False):
+            fuse_attention(info._post_export_processed_model)
         split_bidirectional_rnns(info._post_export_processed_model)
         add_log_prob_outputs(info._post_export_processed_model)
         pad_constant_fills(info._post_export_processed_model)
@@ -299,6 +305,7 @@ def install() -> None:
         layers,
         losses,
         math_ops,
+        matrix_transposes,
         onnx_gradients,
         op_rewrites,
         pad_shuffle,
@@ -317,6 +324,7 @@ def install() -> None:
     activations.register()
     pad_shuffle.register()
     math_ops.register()
+    matrix_transposes.register()
     losses.register()
     layers.register()
     indexing.register()

@@ -14,6 +14,7 @@ import torch
 from lightning_ort._compat import backward_once, memory_arena
 from lightning_ort._compat.loader import ortmodule_package
 from lightning_ort._compat.patches import (
+    ATTENTION_FUSION_ATTR,
     CHANNELS_LAST_ATTR,
     EXPORT_CACHE_ATTR,
     INTRA_OP_THREADS_ATTR,
@@ -45,6 +46,8 @@ class ORTRuntimeOptions:
             set (ORT's recompute plans need ORT's own ops).
         channels_last: with ``op_rewrites``, hold the activations of 2-D convolutions, BatchNorm,
             pooling and upsampling in channels-last memory inside ORT's graph (see ``channels_last.py``).
+        fuse_attention: with ``op_rewrites``, run attention written out by hand as torch's fused
+            attention kernels (see ``attention_fusion.py``).
         memory_arena: torch kernels inside ORT's graph keep their CPU memory for the next step
             instead of giving it back to the system (see ``memory_arena.py``).
     """
@@ -57,6 +60,7 @@ class ORTRuntimeOptions:
     memory_optimizer_config: str | None = None
     op_rewrites: bool | None = None
     channels_last: bool = True
+    fuse_attention: bool = False
     memory_arena: bool = True
     profile_file_prefix: str | None = None
     export_cache: bool = False
@@ -126,6 +130,7 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         setattr(manager, PROFILE_PREFIX_ATTR, options.profile_file_prefix)
         setattr(manager, CHANNELS_LAST_ATTR, rewrites and options.channels_last)
         setattr(manager, UNBIND_ATTR, rewrites)
+        setattr(manager, ATTENTION_FUSION_ATTR, rewrites and options.fuse_attention)
         setattr(manager, MEMORY_ARENA_ATTR, arena)
     return ort_module
 

@@ -20,13 +20,12 @@ layout (zeros for a part without one, such as a detached key). Values are copies
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from lightning_ort._compat.gradient_overloads import aten_operator, register_simple_gradient
+from lightning_ort._compat.onnx_rewrite import GraphRewrite, has_subgraphs
 
 _OPERATORS = {2: "lightning_ort::unbind2", 3: "lightning_ort::unbind3"}
 _INT64_MAX = np.iinfo(np.int64).max
@@ -37,8 +36,7 @@ def fuse_unbinds(model: onnx.ModelProto) -> int:
 
     Running it again on its own result changes nothing."""
     graph = model.graph
-    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node
-           for attribute in node.attribute):  # fmt: skip
+    if has_subgraphs(graph):
         return 0  # control flow could read the tensors this pass removes
     rewrite = _Rewrite(graph)
     for node in list(graph.node):
@@ -53,28 +51,8 @@ def _is_onnx(node: onnx.NodeProto, op_type: str) -> bool:
     return node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
-class _Rewrite:
-    """The graph's producers, users, constants and ranks, and the replacements found so far."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.users: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for name in node.input:
-                self.users.setdefault(name, []).append(node)
-        self.constants: dict[str, np.ndarray] = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-        for node in graph.node:
-            if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
-                self.constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-        self.shapes: dict[str, list[int | None]] = {}
-        for info in [*graph.input, *graph.value_info, *graph.output]:
-            if info.type.tensor_type.HasField("shape"):
-                dims = info.type.tensor_type.shape.dim
-                self.shapes[info.name] = [dim.dim_value if dim.HasField("dim_value") else None for dim in dims]
-        self.outputs = {output.name for output in graph.output}
-        self.removed: set[int] = set()  # id() of the nodes replaced
-        self.before: dict[int, list[onnx.NodeProto]] = {}  # id() of a replaced node -> the nodes in its place
-        self.count = 0
+class _Rewrite(GraphRewrite):
+    """The graph indexed, and the packed splits replaced so far."""
 
     def selects(self, node: onnx.NodeProto) -> None:
         """``node``'s output taken apart at every index of one axis (``Slice`` + ``Squeeze`` each),
@@ -104,7 +82,7 @@ class _Rewrite:
                 return
             axis = user_axis
             selected[index % parts] = squeeze
-        if axis is None or sorted(selected) != list(range(parts)) or self._dim(source, perm[axis]) != parts:
+        if axis is None or sorted(selected) != list(range(parts)) or self.dim(source, perm[axis]) != parts:
             return
         removed += [*slices, *selected.values()]
         self._replace(removed, source, perm, axis, [selected[index].output[0] for index in range(parts)], [])
@@ -130,7 +108,7 @@ class _Rewrite:
             sizes = list(attributes["split"].ints)
         if sizes is not None and (len(sizes) != parts or len(set(sizes)) != 1):
             return
-        last = self._dim(source, rank - 1)
+        last = self.dim(source, rank - 1)
         if sizes is None and (last is None or last % parts):
             return  # equal parts (num_outputs) need a length that divides
         name = f"{split.name or split.output[0]}/lightning_ort_packed"
@@ -164,10 +142,6 @@ class _Rewrite:
             return None
         return axis, start, squeeze
 
-    def _dim(self, name: str, index: int) -> int | None:
-        shape = self.shapes.get(name)
-        return shape[index] if shape is not None and index < len(shape) else None
-
     def _replace(
         self,
         removed: list[onnx.NodeProto],
@@ -189,34 +163,7 @@ class _Rewrite:
             "ATen", [source, f"{name}_perm", f"{name}_dim"], outputs, name=name, domain="org.pytorch.aten",
             operator=_OPERATORS[len(outputs)],
         )  # fmt: skip
-        self.before[id(removed[0])] = [*prefix, perm_node, dim_node, unbind]
-        self.removed.update(id(node) for node in removed)
-        self.count += 1
-
-    def finish(self) -> int:
-        if not self.count:
-            return 0
-        nodes: list[Any] = []
-        for node in self.graph.node:
-            nodes.extend(self.before.get(id(node), []))
-            if id(node) not in self.removed:
-                nodes.append(node)
-        del self.graph.node[:]
-        self.graph.node.extend(_without_dead_nodes(nodes, self.outputs))
-        return self.count
-
-
-def _without_dead_nodes(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onnx.NodeProto]:
-    """``nodes`` less the standard ONNX ones whose outputs no one reads any more (the constants and
-    shape arithmetic of the nodes replaced; ORT warns about unused initializers)."""
-    used = set(graph_outputs)
-    kept = []
-    for node in reversed(nodes):
-        if node.domain in ("", "ai.onnx") and not any(name in used for name in node.output):
-            continue
-        used.update(node.input)
-        kept.append(node)
-    return kept[::-1]
+        self.replace(removed, [*prefix, perm_node, dim_node, unbind])
 
 
 def drop_missing_gradients(graph: onnx.GraphProto) -> None:
