@@ -66,6 +66,8 @@ class HandAttention(Base):
         self.proj = nn.Linear(WIDTH, WIDTH)
         self.attn_dropout = nn.Dropout(0.0)
         self.head = nn.Linear(WIDTH, 3)
+        if kind == "learned-scale":
+            self.temperature = nn.Parameter(torch.tensor(0.3))
         self.register_buffer("causal", torch.tril(torch.ones(1, 1, 16, 16, dtype=torch.bool)), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -107,6 +109,8 @@ class HandAttention(Base):
         elif self.kind == "weights-read":  # the attention weights are read again: nothing is fused
             weights = (q @ k.transpose(-2, -1) * 0.3).softmax(-1)
             extra = weights.amax(-1).mean()
+        elif self.kind == "learned-scale":  # a parameter, not a constant: not fused, and it gets its gradient
+            weights = (q @ k.transpose(-2, -1) * self.temperature).softmax(-1)
         elif self.kind == "scale-after-fill":  # masked_fill before the scale: not fused
             scores = (q @ k.transpose(-2, -1)).masked_fill(~self.causal[:, :, :length, :length], float("-inf"))
             weights = (scores * 0.3).softmax(-1)
@@ -169,7 +173,7 @@ def test_hand_written_attention_is_fused_and_matches_eager(kind: str) -> None:
     assert_states_match(eager, ort)
 
 
-@pytest.mark.parametrize("kind", ["finite-fill", "weights-read", "scale-after-fill"])
+@pytest.mark.parametrize("kind", ["finite-fill", "weights-read", "scale-after-fill", "learned-scale"])
 def test_chains_that_are_not_attention_keep_their_nodes(kind: str) -> None:
     eager, ort, recorder = _fit(kind)
     assert "lightning_ort::attention" not in recorder.operators
