@@ -384,6 +384,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
         size_list_reads = stack.enter_context(trace_checks.size_list_reads(_user_frame))
+        iterations = stack.enter_context(trace_checks.varying_iterations(_user_frame))
         inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
@@ -454,6 +455,14 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             "batches of another length would pool over the first batch's size. Fix: reduce over the dimension "
             "(x.amax(dim=2), x.mean(dim=2)) or use a fixed size, or keep that module out of ORT with "
             "ORTStrategy(modules=[...])"
+        )
+    if iterations:
+        raise ORTUnsupportedModelError(
+            f"its forward iterates over a tensor at {iterations[0]} (q, k, v = qkv, for row in x) whose first "
+            "dimension can change size between batches (the batch or sequence dimension); the export keeps one "
+            "part per element of the first batch. Fix: iterate over a dimension of constant size (one a reshape "
+            "or view sets with a number, as in qkv.reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)), or use "
+            "tensor operations over the whole dimension"
         )
     unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
     if any(record.filename == _ORT_OUTPUT_FLATTENING for record in unsafe):

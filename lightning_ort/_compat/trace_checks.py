@@ -16,7 +16,10 @@ Each one trained silently differently from eager PyTorch before it was checked:
 - a tensor given alone for a fixed-size list of ints (``F.max_pool1d(h, h.shape[2])``,
   ``F.adaptive_avg_pool1d(h, h.shape[2] // 2)``): torch's argument parser reads it with ``item()``,
   neither through ``__index__`` nor with a TracerWarning, so the kernel or output size stayed the
-  first batch's (a TextCNN's max over time covered part of a longer sequence).
+  first batch's (a TextCNN's max over time covered part of a longer sequence);
+- iteration over a tensor's dimension whose size can change (``for row in x``): the trace holds one
+  part per element of the first batch, and where no part reaches the graph (``sum(1 for _ in x)``)
+  the frozen count went unnoticed. Iterating over a constant size (``q, k, v = qkv``) is allowed.
 """
 
 from __future__ import annotations
@@ -122,6 +125,109 @@ def size_list_reads(locate: Callable[[], str | None]) -> Iterator[list[str]]:
     finally:
         for namespace, name, original in patched:
             setattr(namespace, name, original)
+
+
+# Operators whose output has the shape of their first input.
+_SAME_SHAPE = frozenset(
+    f"aten::{name}"
+    for name in (
+        "contiguous", "clone", "detach", "to", "type_as", "dropout", "relu", "gelu", "silu", "tanh", "sigmoid",
+        "softmax", "log_softmax", "layer_norm",
+    )
+)  # fmt: skip
+_MAX_DEPTH = 64
+
+
+def _constant_int(value: torch._C.Value) -> int | None:
+    node = value.node()
+    if node.kind() != "prim::Constant":
+        return None
+    constant = value.toIValue()
+    return constant if isinstance(constant, int) and not isinstance(constant, bool) else None
+
+
+def _constant_ints(value: torch._C.Value) -> list[int] | None:
+    """A trace's list of ints, when every element is a constant."""
+    node = value.node()
+    if node.kind() == "prim::ListConstruct":
+        elements = [_constant_int(element) for element in node.inputs()]
+        return None if any(element is None for element in elements) else elements  # type: ignore[return-value]
+    constant = value.toIValue() if node.kind() == "prim::Constant" else None
+    return list(constant) if isinstance(constant, (list, tuple)) else None
+
+
+def _fixed_size(value: torch._C.Value, dim: int, depth: int = 0) -> bool:
+    """Whether dimension ``dim`` of the traced ``value`` has a size no input's size can change: a
+    constant in a ``reshape``/``view``, moved by ``permute``/``transpose``, the count of a ``stack``,
+    a ``Linear`` layer's features. Anything this does not follow counts as varying."""
+    rank = value.type().dim() if isinstance(value.type(), torch._C.TensorType) else None
+    if rank is None or depth > _MAX_DEPTH or not -rank <= dim < rank:
+        return False
+    dim %= rank
+    node = value.node()
+    kind = node.kind()
+    inputs = list(node.inputs())
+    if kind == "prim::Constant":  # a tensor the trace holds as a value
+        return True
+    if kind in _SAME_SHAPE:
+        return _fixed_size(inputs[0], dim, depth + 1)
+    if kind in ("aten::reshape", "aten::view"):
+        sizes = list(inputs[1].node().inputs()) if inputs[1].node().kind() == "prim::ListConstruct" else None
+        if sizes is None:
+            constants = _constant_ints(inputs[1])
+            return constants is not None and constants[dim] >= 0
+        size = _constant_int(sizes[dim])
+        return size is not None and size >= 0
+    if kind == "aten::permute":
+        order = _constant_ints(inputs[1])
+        return order is not None and _fixed_size(inputs[0], order[dim], depth + 1)
+    if kind == "aten::transpose":
+        first, second = _constant_int(inputs[1]), _constant_int(inputs[2])
+        if first is None or second is None:
+            return False
+        swap = {first % rank: second % rank, second % rank: first % rank}
+        return _fixed_size(inputs[0], swap.get(dim, dim), depth + 1)
+    if kind == "aten::unsqueeze":
+        position = _constant_int(inputs[1])
+        if position is None:
+            return False
+        position %= rank
+        return dim == position or _fixed_size(inputs[0], dim - (dim > position), depth + 1)
+    if kind == "aten::stack":
+        position = _constant_int(inputs[1])
+        return position is not None and dim == position % rank and inputs[0].node().kind() == "prim::ListConstruct"
+    if kind == "aten::linear":
+        return dim == rank - 1 or _fixed_size(inputs[0], dim, depth + 1)
+    return False
+
+
+@contextlib.contextmanager
+def varying_iterations(locate: Callable[[], str | None]) -> Iterator[list[str]]:
+    """Where (``locate()`` of the caller) traced code iterated over a tensor (``q, k, v = qkv``, ``for row
+    in x``) whose first dimension's size :func:`_fixed_size` cannot show to be constant.
+
+    ``Tensor.__iter__`` is ``iter(self.unbind(0))``: the trace holds one part per element of the first
+    batch. When some part is used, ORT's ``Split`` fails loudly on a batch of another size; when none is
+    (``sum(1 for _ in x)``, ``for i, _ in enumerate(x)``) the Python count alone stays frozen, silently.
+    Over a constant size the count cannot change. The TracerWarning ``__iter__`` gives is left out: the
+    guard refuses the recorded iterations with a reason of its own."""
+    seen: list[str] = []
+    original = torch.Tensor.__iter__
+
+    def __iter__(self: torch.Tensor) -> Iterator[torch.Tensor]:
+        if not torch.jit.is_tracing() or self.dim() == 0:
+            return original(self)
+        if not _fixed_size(torch._C._get_value_trace(self), 0):
+            location = locate()  # None inside torch's own code, whose warnings the guard ignored before
+            if location is not None and location not in seen:
+                seen.append(location)
+        return iter(self.unbind(0))  # what Tensor.__iter__ does, without its warning
+
+    torch.Tensor.__iter__ = __iter__  # type: ignore[method-assign,assignment]
+    try:
+        yield seen
+    finally:
+        torch.Tensor.__iter__ = original  # type: ignore[method-assign]
 
 
 def _in_subscript(frame: types.FrameType) -> bool:

@@ -1,0 +1,104 @@
+"""Iterating over a tensor (``q, k, v = qkv``) trains in ORT over a dimension of constant size, and is
+refused with the reason over one whose size can change between batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from models import Base, sequence_batches
+from torch import nn
+from torch.utils.data import DataLoader
+
+import lightning_ort
+
+
+class ViTAttention(Base):
+    """ViT/DeiT-style attention: the packed projection's q, k and v taken apart by iterating over it."""
+
+    lr = 0.01
+
+    def __init__(self, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(16, 48)
+        self.proj = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, channels = x.shape
+        qkv = self.qkv(x).reshape(batch, length, 3, self.heads, 16 // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv
+        attention = (q @ k.transpose(-2, -1) * (16 // self.heads) ** -0.5).softmax(dim=-1)
+        out = self.proj((attention @ v).transpose(1, 2).reshape(batch, length, channels))
+        return self.head(out.mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class Stacked(Base):
+    """Two projections stacked, then iterated over (a constant count of two)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left, self.right, self.head = nn.Linear(16, 8), nn.Linear(16, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        left, right = torch.stack([self.left(x), self.right(x)]).contiguous()
+        return self.head((left * right.sigmoid()).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class OverRows(Base):
+    """Iterates over a dimension of the input: ``uses`` is how the parts reach the result."""
+
+    def __init__(self, uses: str) -> None:
+        super().__init__()
+        self.uses = uses
+        self.inner, self.head = nn.Linear(16, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        if self.uses == "weighted-rows":  # each row of the batch weighted by its position
+            mixed = sum((i + 1) * row.mean(0) for i, row in enumerate(h))
+            return self.head(h.mean(1) + mixed)
+        if self.uses == "weighted-positions":  # each position of the sequence weighted by its index
+            return self.head(sum((i + 1) * step for i, step in enumerate(h.transpose(0, 1))))
+        # only the count of positions reaches the result: the graph would hold no part at all
+        count = sum(1 for _ in h.transpose(0, 1))
+        return self.head(h.mean(1) * count)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def varying_batches() -> DataLoader:
+    """Batches of varying size and length, smaller and larger than the first (the one exported)."""
+    return sequence_batches([(4, 6), (2, 6), (6, 3), (3, 9), (1, 1)], 16)
+
+
+@pytest.mark.parametrize("make_model", [ViTAttention, Stacked], ids=["vit-attention", "stacked"])
+def test_iteration_over_a_constant_size_trains_in_ort(make_model: Any) -> None:
+    eager, ort = fit_both(make_model, varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    assert_ort_ran(ort, 5)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+@pytest.mark.parametrize("uses", ["weighted-rows", "weighted-positions", "count-only"])
+def test_iteration_over_a_varying_size_is_refused(uses: str) -> None:
+    """Without the refusal, ORT's Split failed on the second batch when some part was used (a fallback
+    after one step), and ``count-only`` trained silently wrongly: the count stayed the first batch's."""
+    eager, ort = fit_both(lambda: OverRows(uses), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "iterates over a tensor" in report.fallback_reason
+    assert "test_tensor_iteration.py" in report.fallback_reason
+    assert report.ort_calls == 0
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
