@@ -3,6 +3,7 @@ refused with the reason over one whose size can change between batches."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -99,6 +100,49 @@ def test_iteration_over_a_varying_size_is_refused(uses: str) -> None:
     (report,) = ort.reports
     assert report.fallback_reason is not None and "iterates over a tensor" in report.fallback_reason
     assert "test_tensor_iteration.py" in report.fallback_reason
+    assert report.ort_calls == 0
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class ScaledByWidth(Base):
+    """minGPT-style attention: ``B, T, C = x.size()``, heads from ``view(B, T, n_head, C // n_head)`` and
+    the scale ``1.0 / math.sqrt(k.size(-1))``, a Python number read from a traced size. ``scale_from``
+    ``"sequence"`` reads the sequence length instead, which varies."""
+
+    lr = 0.01
+
+    def __init__(self, scale_from: str) -> None:
+        super().__init__()
+        self.scale_from = scale_from
+        self.embed, self.ln = nn.Linear(16, 16), nn.LayerNorm(16)
+        self.c_attn, self.head = nn.Linear(16, 48), nn.Linear(16, 3)
+        self.n_head = 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln(self.embed(x))
+        batch, length, channels = x.size()
+        q, k, v = self.c_attn(x).split(channels, dim=2)
+        q, k, v = (t.view(batch, length, self.n_head, channels // self.n_head).transpose(1, 2) for t in (q, k, v))
+        size = k.size(-1) if self.scale_from == "head-width" else k.size(-2)
+        attention = (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(size))).softmax(dim=-1)
+        return self.head((attention @ v).transpose(1, 2).reshape(batch, length, channels).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def test_a_python_number_from_a_fixed_size_trains_in_ort() -> None:
+    eager, ort = fit_both(lambda: ScaledByWidth("head-width"), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    assert_ort_ran(ort, 5)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_a_python_number_from_a_varying_size_is_still_refused() -> None:
+    eager, ort = fit_both(lambda: ScaledByWidth("sequence"), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "Converting a tensor to a Python float" in report.fallback_reason
     assert report.ort_calls == 0
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -385,6 +385,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
         size_list_reads = stack.enter_context(trace_checks.size_list_reads(_user_frame))
         iterations = stack.enter_context(trace_checks.varying_iterations(_user_frame))
+        stack.enter_context(trace_checks.fixed_size_numbers())
         inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())

@@ -158,8 +158,10 @@ def _constant_ints(value: torch._C.Value) -> list[int] | None:
 
 def _fixed_size(value: torch._C.Value, dim: int, depth: int = 0) -> bool:
     """Whether dimension ``dim`` of the traced ``value`` has a size no input's size can change: a
-    constant in a ``reshape``/``view``, moved by ``permute``/``transpose``, the count of a ``stack``,
-    a ``Linear`` layer's features. Anything this does not follow counts as varying."""
+    constant (or arithmetic of constants and fixed sizes, ``C // n_head``) in a ``reshape``/``view``,
+    moved by ``permute``/``transpose``, the count of a ``stack``, a ``Linear`` layer's features, an
+    embedding's width, kept by element-wise ops and broadcasts. Anything this does not follow counts
+    as varying."""
     rank = value.type().dim() if isinstance(value.type(), torch._C.TensorType) else None
     if rank is None or depth > _MAX_DEPTH or not -rank <= dim < rank:
         return False
@@ -177,7 +179,12 @@ def _fixed_size(value: torch._C.Value, dim: int, depth: int = 0) -> bool:
             constants = _constant_ints(inputs[1])
             return constants is not None and constants[dim] >= 0
         size = _constant_int(sizes[dim])
-        return size is not None and size >= 0
+        return size >= 0 if size is not None else _fixed_number(sizes[dim], depth + 1)
+    if kind == "aten::embedding":  # (weight, indices, ...): the last dimension is the weight's width
+        return dim == rank - 1 or _fixed_size(inputs[1], dim, depth + 1)
+    if kind in _BROADCASTING:
+        return _fixed_broadcast(value, [tensor for tensor in inputs if isinstance(tensor.type(), torch._C.TensorType)],
+                                dim, depth)  # fmt: skip
     if kind == "aten::permute":
         order = _constant_ints(inputs[1])
         return order is not None and _fixed_size(inputs[0], order[dim], depth + 1)
@@ -199,6 +206,51 @@ def _fixed_size(value: torch._C.Value, dim: int, depth: int = 0) -> bool:
     if kind == "aten::linear":
         return dim == rank - 1 or _fixed_size(inputs[0], dim, depth + 1)
     return False
+
+
+# Element-wise operators whose output broadcasts their tensor inputs.
+_BROADCASTING = frozenset(f"aten::{name}" for name in ("add", "sub", "mul", "div", "where", "masked_fill"))
+# Integer arithmetic of sizes (``C // n_head``) and the wrappers the trace puts around numbers.
+_NUMBER_OPS = frozenset(
+    f"{namespace}::{name}"
+    for namespace, names in (
+        (
+            "aten",
+            ("floordiv", "floor_divide", "mul", "add", "sub", "div", "remainder", "Int", "ScalarImplicit", "Float"),
+        ),
+        ("prim", ("NumToTensor",)),
+    )
+    for name in names
+)
+
+
+def _fixed_number(value: torch._C.Value, depth: int) -> bool:
+    """Whether a traced number (an int or a 0-d tensor) is computed from constants and fixed sizes only."""
+    if depth > _MAX_DEPTH:
+        return False
+    node = value.node()
+    if node.kind() == "prim::Constant":
+        return True
+    if node.kind() == "aten::size":
+        source, index = list(node.inputs())
+        dim = _constant_int(index)
+        return dim is not None and _fixed_size(source, dim, depth + 1)
+    return node.kind() in _NUMBER_OPS and all(_fixed_number(operand, depth + 1) for operand in node.inputs())
+
+
+def _fixed_broadcast(value: torch._C.Value, tensors: list[torch._C.Value], dim: int, depth: int) -> bool:
+    """A broadcast's dimension is fixed when one operand's is fixed at a size other than 1 (the others
+    must then match it or be 1) or every operand's is fixed."""
+    rank = value.type().dim()
+    aligned = []
+    for tensor in tensors:
+        tensor_rank = tensor.type().dim()
+        index = dim - (rank - tensor_rank) if tensor_rank is not None else -1
+        if tensor_rank is None or index < 0:
+            continue
+        sizes = tensor.type().sizes()
+        aligned.append((_fixed_size(tensor, index, depth + 1), sizes[index] if sizes is not None else None))
+    return bool(aligned) and (all(fixed for fixed, _ in aligned) or any(fixed and size != 1 for fixed, size in aligned))
 
 
 @contextlib.contextmanager
@@ -228,6 +280,52 @@ def varying_iterations(locate: Callable[[], str | None]) -> Iterator[list[str]]:
         yield seen
     finally:
         torch.Tensor.__iter__ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def fixed_size_numbers() -> Iterator[None]:
+    """Within the block, ``float()`` and ``int()`` of a traced size of a dimension :func:`_fixed_size`
+    shows to be constant (minGPT's ``1.0 / math.sqrt(k.size(-1))``, a head's width) give the number
+    without torch's TracerWarning, which the guard refuses: no input's size can change it, so the
+    trace may hold it as a constant. Other conversions are left to torch (and its warning)."""
+    originals = {name: getattr(torch.Tensor, name) for name in ("__float__", "__int__")}
+
+    def constant_size(original: Any) -> Any:
+        @functools.wraps(original)
+        def convert(self: torch.Tensor) -> Any:
+            if torch.jit.is_tracing() and self.dim() == 0 and _is_fixed_size_read(self):
+                state = torch._C._get_tracing_state()
+                torch._C._set_tracing_state(None)  # read the number without recording (or warning about) it
+                try:
+                    return original(self)
+                finally:
+                    torch._C._set_tracing_state(state)
+            return original(self)
+
+        return convert
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, constant_size(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def _is_fixed_size_read(tensor: torch.Tensor) -> bool:
+    """Whether the traced 0-d ``tensor`` is ``x.size(d)`` (or ``x.shape[d]``) of a fixed-size dimension."""
+    try:
+        node = torch._C._get_value_trace(tensor).node()
+    except RuntimeError:  # not part of the trace
+        return False
+    if node.kind() == "prim::NumToTensor":
+        node = next(node.inputs()).node()
+    if node.kind() != "aten::size":
+        return False
+    source, dim = list(node.inputs())
+    index = _constant_int(dim)
+    return index is not None and _fixed_size(source, index)
 
 
 def _in_subscript(frame: types.FrameType) -> bool:
