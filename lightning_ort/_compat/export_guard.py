@@ -383,7 +383,9 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         reads = python_reads.reads_of(adapter_of(module))
         stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
-        size_list_reads = stack.enter_context(trace_checks.size_list_reads(_user_frame))
+        records = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        size_list_reads = stack.enter_context(trace_checks.size_list_reads(_user_frame, records))
         iterations = stack.enter_context(trace_checks.varying_iterations(_user_frame))
         stack.enter_context(trace_checks.fixed_size_numbers())
         inputs = stack.enter_context(trace_checks.input_copies())
@@ -392,8 +394,6 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         functions = stack.enter_context(_record_autograd_functions())
         no_grad_regions = stack.enter_context(_record_grad_disabling())
         python_changes = stack.enter_context(_record_python_state_changes(module))
-        records = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always", torch.jit.TracerWarning)
         try:
             yield
         except Exception as error:

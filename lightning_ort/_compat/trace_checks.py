@@ -29,6 +29,7 @@ import dis
 import functools
 import sys
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -62,10 +63,10 @@ def index_conversions(locate: Callable[[], str | None]) -> Iterator[list[str]]:
 
 
 # Functions taking kernel, stride or output sizes as int[N], where a size read from the input (the
-# length of a sequence) is the natural argument. The torch.* names are the same callables as some of F's.
-_POOLING = [
+# length of a sequence) is the natural argument.
+_POOLING = frozenset(
     f"{kind}_pool{dims}d" for kind in ("max", "avg", "lp", "adaptive_max", "adaptive_avg") for dims in (1, 2, 3)
-]
+)
 # lp_pool has no ATen operator (it is avg_pool of a power): its sizes are ``kernel_size`` and ``stride``.
 _LP_POOL_SIZES = (frozenset({2, 3}), frozenset({"kernel_size", "stride"}))
 
@@ -91,40 +92,69 @@ def _is_scalar_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 0
 
 
+def _pooling_sizes(func: Any) -> tuple[frozenset[int], frozenset[str]] | None:
+    """Positions and names of the size parameters of ``func`` if it is a pooling function, reached by any
+    route: ``F.max_pool1d`` dispatches as ``_max_pool1d`` or ``max_pool1d_with_indices``, ``F.avg_pool2d`` is
+    ``torch._C._nn.avg_pool2d``."""
+    name = getattr(func, "__name__", None)
+    if not isinstance(name, str) or "pool" not in name:
+        return None
+    name = name.removeprefix("_").removesuffix("_with_indices")
+    return _size_positions(name) if name in _POOLING else None
+
+
+class _SizeListReads(torch.overrides.TorchFunctionMode):
+    """Records pooling calls given a tensor for a size. A mode sees every torch call with its arguments as
+    given, however the function was reached: also one bound before the export (``from torch.nn.functional
+    import avg_pool1d``, ``pool = torch.max_pool1d``) or called as ``torch._C._nn.avg_pool2d``, which
+    replacing ``F``'s and ``torch``'s attributes during the export missed."""
+
+    def __init__(
+        self, locate: Callable[[], str | None], seen: list[str], records: list[warnings.WarningMessage]
+    ) -> None:
+        super().__init__()
+        self.locate, self.seen, self.records = locate, seen, records
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        sizes = _pooling_sizes(func)
+        if sizes is not None and torch.jit.is_tracing():
+            positions, names = sizes
+            if any(_is_scalar_tensor(args[i]) for i in positions if i < len(args)) or any(
+                _is_scalar_tensor(kwargs.get(name)) for name in names
+            ):
+                location = self.locate()
+                if location is not None and location not in self.seen:
+                    self.seen.append(location)
+        recorded = len(self.records)
+        result = func(*args, **kwargs)
+        if len(self.records) > recorded:
+            _attribute_to_caller(self.records[recorded:], sys._getframe(1))
+        return result
+
+
+def _attribute_to_caller(records: list[warnings.WarningMessage], caller: types.FrameType) -> None:
+    """Give ``caller`` (the code that called the torch function) the warnings the function's C code raised:
+    they name the innermost Python frame, the mode's, where the export's checks need the caller's file (torch's
+    own input validation is exempt) and line."""
+    for record in records:
+        if record.filename == _SizeListReads.__torch_function__.__code__.co_filename:
+            record.filename, record.lineno = caller.f_code.co_filename, caller.f_lineno
+
+
 @contextlib.contextmanager
-def size_list_reads(locate: Callable[[], str | None]) -> Iterator[list[str]]:
+def size_list_reads(locate: Callable[[], str | None], records: list[warnings.WarningMessage]) -> Iterator[list[str]]:
     """Where (``locate()`` of the caller) traced code gave a tensor alone for a pooling size
     (``F.max_pool1d(h, h.shape[2])``): torch's argument parser turns a tensor given for an ``int[N]`` into a
-    number with ``item()``, which neither ``__index__`` nor a TracerWarning reveals, so the export freezes it."""
+    number with ``item()``, which neither ``__index__`` nor a TracerWarning reveals, so the export freezes it.
+
+    ``records`` are the warnings recorded meanwhile (``warnings.catch_warnings(record=True)``); those raised by
+    torch's C functions keep naming the code that called them."""
     seen: list[str] = []
-    patched: list[tuple[Any, str, Any]] = []
-
-    def checked(original: Any, positions: frozenset[int], names: frozenset[str]) -> Any:
-        @functools.wraps(original)
-        def pooling(*args: Any, **kwargs: Any) -> Any:
-            if torch.jit.is_tracing() and (
-                any(_is_scalar_tensor(args[i]) for i in positions if i < len(args))
-                or any(_is_scalar_tensor(kwargs.get(name)) for name in names)
-            ):
-                location = locate()
-                if location is not None and location not in seen:
-                    seen.append(location)
-            return original(*args, **kwargs)
-
-        return pooling
-
-    for name in _POOLING:
-        positions, names = _size_positions(name)
-        for namespace in (torch.nn.functional, torch):
-            original = getattr(namespace, name, None)
-            if original is not None:
-                patched.append((namespace, name, original))
-                setattr(namespace, name, checked(original, positions, names))
-    try:
+    with _SizeListReads(locate, seen, records):
         yield seen
-    finally:
-        for namespace, name, original in patched:
-            setattr(namespace, name, original)
 
 
 # Operators whose output has the shape of their first input.
@@ -331,6 +361,8 @@ def _is_fixed_size_read(tensor: torch.Tensor) -> bool:
 def _in_subscript(frame: types.FrameType) -> bool:
     """Whether ``frame`` is subscripting (``x[:, :n]``): tensor indexing reads a traced size with
     ``__index__`` but records it in the trace as a dynamic value."""
+    if frame.f_code is _SizeListReads.__torch_function__.__code__ and frame.f_back is not None:
+        frame = frame.f_back  # indexing dispatched through size_list_reads' mode: the subscript is its caller
     return dis.opname[frame.f_code.co_code[frame.f_lasti]] in _SUBSCRIPTS
 
 
