@@ -1,4 +1,4 @@
-"""Attention written out by hand, fused into torch's attention kernels (part of ``op_rewrites``).
+"""Attention written out by hand, fused into torch's attention kernels (``ORTStrategy(fuse_attention=True)``).
 
 Models often spell attention out, as the GPT example and nanoGPT-style code do::
 
@@ -17,7 +17,8 @@ sum in another order), not bit for bit.
 
 Only a chain whose intermediate results nothing else reads is fused, with a scale that is a
 constant, a fill of -inf and a softmax over the last dimension; anything else keeps the five
-nodes. A query row whose keys are all masked is NaN in eager; the fused kernels give it zeros.
+nodes. A query row whose keys are all masked is NaN in eager; the fused kernels give it zeros. It
+needs ``op_rewrites`` (the matmul, masked_fill and softmax nodes are theirs).
 """
 
 from __future__ import annotations
