@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ort
 from lightning_ort import _compat
+from lightning_ort._compat.gradient_overloads import aten_operator
 
 STEPS = 8
 WIDTH, HEADS = 16, 2
@@ -48,11 +49,7 @@ def _operators(trainer: L.Trainer, training: bool) -> set[str]:
     if not isinstance(trainer.strategy, lightning_ort.ORTStrategy):
         return set()
     model = _compat.processed_model(trainer.strategy.ort_modules["forward"], training=training)
-    return {_operator(node) or node.op_type for node in model.graph.node}
-
-
-def _operator(node: Any) -> str:
-    return next((attribute.s.decode() for attribute in node.attribute if attribute.name == "operator"), "")
+    return {aten_operator(node) or node.op_type for node in model.graph.node}
 
 
 class HandAttention(Base):

@@ -74,8 +74,8 @@ class _AttentionRewrite(GraphRewrite):
         mask = ""
         producer = self._single_use_producer(producer.input[0])
         if producer is not None and aten_operator(producer) == _MASKED_FILL:
-            fill = self.constants.get(producer.input[2])
-            if fill is None or fill.size != 1 or not np.isneginf(fill.reshape(-1)[0]):
+            fill = self.scalar(producer.input[2])
+            if fill is None or fill != -math.inf:
                 return
             chain.append(producer)
             mask = producer.input[1]
@@ -97,7 +97,12 @@ class _AttentionRewrite(GraphRewrite):
             chain.append(heads_second[1])
             output = heads_second[1].output[0]
         nodes = self._attention_nodes(output, query, key, value, mask, scale, heads_second is not None)
-        if self.replace(chain, nodes) and heads_second is not None:
+        if not self.replace(chain, nodes):
+            return
+        rank = len(self.shapes[query]) if query in self.shapes else None
+        shape = None if rank is None else [None] * (rank - 1)  # (batch, heads, length)
+        self.graph.value_info.append(helper.make_tensor_value_info(nodes[-1].output[1], onnx.TensorProto.FLOAT, shape))
+        if heads_second is not None:
             self._split_heads_second(heads_second[0])
 
     def _heads_second(
@@ -113,9 +118,8 @@ class _AttentionRewrite(GraphRewrite):
         split = self.producers.get(query)
         if split is None or aten_operator(split) != _UNBIND3 or list(split.output) != [query, key, value]:
             return None
-        perm, dim = self.constants.get(split.input[1]), self.constants.get(split.input[2])
-        perm_node = self.producers.get(split.input[1])
-        if perm is None or dim is None or perm.tolist() != _HEADS_FIRST or int(dim) != 0:
+        perm, perm_node = self.constants.get(split.input[1]), self.producers.get(split.input[1])
+        if perm is None or perm.tolist() != _HEADS_FIRST or self.scalar(split.input[2]) != 0:
             return None
         if perm_node is None or perm_node.op_type != "Constant" or self.only_user(split.input[1]) is not split:
             return None
@@ -159,23 +163,21 @@ class _AttentionRewrite(GraphRewrite):
 
     def _flags(self, matmul: onnx.NodeProto) -> tuple[bool, bool] | None:
         """A ``lightning_ort::matmul``'s (self given transposed, other given transposed)."""
-        flags = [self.constants.get(name) for name in matmul.input[2:4]]
-        if len(flags) != 2 or any(flag is None or flag.size != 1 for flag in flags):
+        flags = [self.scalar(name) for name in matmul.input[2:4]]
+        if len(flags) != 2 or None in flags:
             return None
-        return bool(flags[0].reshape(-1)[0]), bool(flags[1].reshape(-1)[0])
+        return bool(flags[0]), bool(flags[1])
 
     def _is_identity_dropout(self, dropout: onnx.NodeProto) -> bool:
         """A ``Dropout`` with ratio 0 (``nn.Dropout(0.0)`` in training) whose mask nobody reads."""
-        ratio = self.constants.get(dropout.input[1]) if len(dropout.input) > 1 and dropout.input[1] else None
+        ratio = self.scalar(dropout.input[1]) if len(dropout.input) > 1 and dropout.input[1] else None
         mask_read = len(dropout.output) > 1 and bool(self.users.get(dropout.output[1]))
-        return ratio is not None and ratio.size == 1 and float(ratio.reshape(-1)[0]) == 0.0 and not mask_read
+        return ratio == 0.0 and not mask_read
 
     def _over_last_dim(self, softmax: onnx.NodeProto) -> bool:
-        dim = self.constants.get(softmax.input[1]) if len(softmax.input) > 1 else None
-        if dim is None or dim.size != 1:
-            return False
+        dim = self.scalar(softmax.input[1]) if len(softmax.input) > 1 else None
         rank = len(self.shapes[softmax.input[0]]) if softmax.input[0] in self.shapes else None
-        return int(dim.reshape(-1)[0]) == -1 or (rank is not None and int(dim.reshape(-1)[0]) == rank - 1)
+        return dim is not None and (dim == -1 or (rank is not None and dim == rank - 1))
 
     def _scaled(self, node: onnx.NodeProto) -> tuple[float, str] | None:
         """(scale, scores) for ``scores * c``, ``c * scores`` or ``scores / c`` with a constant ``c``."""
@@ -215,8 +217,5 @@ class _AttentionRewrite(GraphRewrite):
             nodes.append(helper.make_node("Not", [fill_mask], [mask], name=f"{name}/mask"))
         inputs = [query, key, value, mask, *(node.output[0] for node in nodes[:3])]
         outputs = [output, f"{name}_logsumexp"]
-        rank = len(self.shapes[query]) if query in self.shapes else None
-        shape = None if rank is None else [None] * (rank - 1)  # (batch, heads, length)
-        self.graph.value_info.append(helper.make_tensor_value_info(outputs[1], onnx.TensorProto.FLOAT, shape))
         nodes.append(helper.make_node("ATen", inputs, outputs, name=name, domain=GRAD_DOMAIN, operator=_ATTENTION))
         return nodes

@@ -40,6 +40,11 @@ class GraphRewrite:
         shape = self.shapes.get(name)
         return shape[index] if shape is not None and index < len(shape) else None
 
+    def scalar(self, name: str) -> int | float | bool | None:
+        """The value of ``name`` when it is a constant of one element, as a Python number, else None."""
+        value = self.constants.get(name)
+        return value.reshape(-1)[0].item() if value is not None and value.size == 1 else None
+
     def only_user(self, name: str) -> onnx.NodeProto | None:
         """The one node that reads tensor ``name``, or None (several, none, or a graph output)."""
         users = self.users.get(name, [])

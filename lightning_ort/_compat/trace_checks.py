@@ -262,10 +262,15 @@ def _fixed_number(value: torch._C.Value, depth: int) -> bool:
     if node.kind() == "prim::Constant":
         return True
     if node.kind() == "aten::size":
-        source, index = list(node.inputs())
-        dim = _constant_int(index)
-        return dim is not None and _fixed_size(source, dim, depth + 1)
+        return _is_fixed_size_node(node, depth)
     return node.kind() in _NUMBER_OPS and all(_fixed_number(operand, depth + 1) for operand in node.inputs())
+
+
+def _is_fixed_size_node(node: torch._C.Node, depth: int = 0) -> bool:
+    """Whether the trace's ``aten::size(x, d)`` node reads a dimension :func:`_fixed_size` shows constant."""
+    source, index = list(node.inputs())
+    dim = _constant_int(index)
+    return dim is not None and _fixed_size(source, dim, depth + 1)
 
 
 def _fixed_broadcast(value: torch._C.Value, tensors: list[torch._C.Value], dim: int, depth: int) -> bool:
@@ -351,11 +356,7 @@ def _is_fixed_size_read(tensor: torch.Tensor) -> bool:
         return False
     if node.kind() == "prim::NumToTensor":
         node = next(node.inputs()).node()
-    if node.kind() != "aten::size":
-        return False
-    source, dim = list(node.inputs())
-    index = _constant_int(dim)
-    return index is not None and _fixed_size(source, index)
+    return node.kind() == "aten::size" and _is_fixed_size_node(node)
 
 
 def _in_subscript(frame: types.FrameType) -> bool:
