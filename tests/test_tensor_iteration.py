@@ -146,3 +146,55 @@ def test_a_python_number_from_a_varying_size_is_still_refused() -> None:
     assert report.ort_calls == 0
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class SplitCount(Base):
+    """Splits the positions of a sequence: ``how`` is which split, and how its parts reach the result."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.inner, self.head = nn.Linear(16, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        if self.how == "steps-used":  # an RNN-style loop over the positions: every part reaches the graph
+            state = torch.zeros_like(h[:, 0])
+            for step in h.unbind(1):
+                state = torch.tanh(step + state)
+            return self.head(state)
+        if self.how == "unbind-len":
+            count = len(h.unbind(1))
+        elif self.how == "split-enumerate":
+            count = max(i + 1 for i, _ in enumerate(torch.split(h, 1, dim=1)))
+        else:  # "constant-size": the parts of a dimension a view sets to 2
+            count = len(h.view(h.shape[0], h.shape[1], 2, 4).unbind(2))
+        return self.head(h.mean(1) * count)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+@pytest.mark.parametrize("how", ["unbind-len", "split-enumerate"])
+def test_counting_the_parts_of_a_varying_split_is_refused(how: str) -> None:
+    """The parts never reach the graph, so the split left it and nothing failed: before the refusal, the count
+    stayed the first batch's and the losses left eager's from the first batch of another length on (1.890 against
+    1.415 at the third step)."""
+    eager, ort = fit_both(lambda: SplitCount(how), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "uses only the number of parts" in report.fallback_reason
+    assert "test_tensor_iteration.py" in report.fallback_reason
+    assert report.ort_calls == 0
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+@pytest.mark.parametrize(
+    ("how", "batches"),
+    [("constant-size", varying_batches), ("steps-used", lambda: sequence_batches([(4, 6), (2, 6), (5, 6)], 16))],
+)
+def test_splits_whose_count_cannot_change_unnoticed_train_in_ort(how: str, batches: Any) -> None:
+    eager, ort = fit_both(lambda: SplitCount(how), batches, 3, strategy=lightning_ort.ORTStrategy())
+    assert_ort_ran(ort, 3)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -21,6 +21,7 @@ from torch.onnx import TrainingMode
 
 from lightning_ort._compat import python_reads, trace_checks
 from lightning_ort._compat.batchnorm import record_calls_per_forward
+from lightning_ort._compat.traced_calls import traced_calls
 from lightning_ort.errors import ORTUnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -385,7 +386,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
         records = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always", torch.jit.TracerWarning)
-        size_list_reads = stack.enter_context(trace_checks.size_list_reads(_user_frame, records))
+        calls = stack.enter_context(traced_calls(module, _user_frame, records))
         iterations = stack.enter_context(trace_checks.varying_iterations(_user_frame))
         stack.enter_context(trace_checks.fixed_size_numbers())
         inputs = stack.enter_context(trace_checks.input_copies())
@@ -449,10 +450,10 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             "dimension would stay unrolled for the first batch's size. Fix: use tensor operations over the whole "
             "dimension, or keep that module out of ORT with ORTStrategy(modules=[...])"
         )
-    if size_list_reads:
+    if calls.size_tensors:
         raise ORTUnsupportedModelError(
             f"its forward gives a tensor (under ONNX export, also a size such as x.shape[2]) as a kernel or output "
-            f"size at {size_list_reads[0]} (F.max_pool1d(x, x.shape[2])); the export freezes that number, so later "
+            f"size at {calls.size_tensors[0]} (F.max_pool1d(x, x.shape[2])); the export freezes that number, so later "
             "batches of another length would pool over the first batch's size. Fix: reduce over the dimension "
             "(x.amax(dim=2), x.mean(dim=2)) or use a fixed size, or keep that module out of ORT with "
             "ORTStrategy(modules=[...])"
@@ -464,6 +465,13 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             "part per element of the first batch. Fix: iterate over a dimension of constant size (one a reshape "
             "or view sets with a number, as in qkv.reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)), or use "
             "tensor operations over the whole dimension"
+        )
+    if calls.counted_splits:
+        raise ORTUnsupportedModelError(
+            f"its forward splits a tensor at {calls.counted_splits[0]} (len(x.unbind(1)), enumerate(x.split(1, 1))) "
+            "along a dimension that can change size between batches and uses only the number of parts; the export "
+            "freezes that number at the first batch's size. Fix: use the size itself in tensor arithmetic "
+            "(h.sum(1) / h.shape[1], h.mean(1)), or keep that module out of ORT with ORTStrategy(modules=[...])"
         )
     unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
     if any(record.filename == _ORT_OUTPUT_FLATTENING for record in unsafe):

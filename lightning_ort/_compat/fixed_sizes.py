@@ -1,0 +1,140 @@
+"""Which dimensions of a traced tensor have a size no input's size can change.
+
+The export's checks (``trace_checks.py``, ``traced_calls.py``) allow Python to read a size, iterate
+over a dimension or count the parts of a split only where the number cannot differ from batch to
+batch: a constant in a ``reshape``/``view``, a ``Linear`` layer's features, the count of a ``stack``.
+Anything this module does not follow counts as varying.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_SAME_SHAPE = frozenset(
+    f"aten::{name}"
+    for name in (
+        "contiguous", "clone", "detach", "to", "type_as", "dropout", "relu", "gelu", "silu", "tanh", "sigmoid",
+        "softmax", "log_softmax", "layer_norm",
+    )
+)  # fmt: skip
+_MAX_DEPTH = 64
+
+
+def _constant_int(value: torch._C.Value) -> int | None:
+    node = value.node()
+    if node.kind() != "prim::Constant":
+        return None
+    constant = value.toIValue()
+    return constant if isinstance(constant, int) and not isinstance(constant, bool) else None
+
+
+def _constant_ints(value: torch._C.Value) -> list[int] | None:
+    """A trace's list of ints, when every element is a constant."""
+    node = value.node()
+    if node.kind() == "prim::ListConstruct":
+        elements = [_constant_int(element) for element in node.inputs()]
+        return None if any(element is None for element in elements) else elements  # type: ignore[return-value]
+    constant = value.toIValue() if node.kind() == "prim::Constant" else None
+    return list(constant) if isinstance(constant, (list, tuple)) else None
+
+
+def fixed_size(value: torch._C.Value, dim: int, depth: int = 0) -> bool:
+    """Whether dimension ``dim`` of the traced ``value`` has a size no input's size can change: a
+    constant (or arithmetic of constants and fixed sizes, ``C // n_head``) in a ``reshape``/``view``,
+    moved by ``permute``/``transpose``, the count of a ``stack``, a ``Linear`` layer's features, an
+    embedding's width, kept by element-wise ops and broadcasts. Anything this does not follow counts
+    as varying."""
+    rank = value.type().dim() if isinstance(value.type(), torch._C.TensorType) else None
+    if rank is None or depth > _MAX_DEPTH or not -rank <= dim < rank:
+        return False
+    dim %= rank
+    node = value.node()
+    kind = node.kind()
+    inputs = list(node.inputs())
+    if kind == "prim::Constant":  # a tensor the trace holds as a value
+        return True
+    if kind in _SAME_SHAPE:
+        return fixed_size(inputs[0], dim, depth + 1)
+    if kind in ("aten::reshape", "aten::view"):
+        sizes = list(inputs[1].node().inputs()) if inputs[1].node().kind() == "prim::ListConstruct" else None
+        if sizes is None:
+            constants = _constant_ints(inputs[1])
+            return constants is not None and constants[dim] >= 0
+        size = _constant_int(sizes[dim])
+        return size >= 0 if size is not None else _fixed_number(sizes[dim], depth + 1)
+    if kind == "aten::embedding":  # (weight, indices, ...): the last dimension is the weight's width
+        return dim == rank - 1 or fixed_size(inputs[1], dim, depth + 1)
+    if kind in _BROADCASTING:
+        return _fixed_broadcast(value, [tensor for tensor in inputs if isinstance(tensor.type(), torch._C.TensorType)],
+                                dim, depth)  # fmt: skip
+    if kind == "aten::permute":
+        order = _constant_ints(inputs[1])
+        return order is not None and fixed_size(inputs[0], order[dim], depth + 1)
+    if kind == "aten::transpose":
+        first, second = _constant_int(inputs[1]), _constant_int(inputs[2])
+        if first is None or second is None:
+            return False
+        swap = {first % rank: second % rank, second % rank: first % rank}
+        return fixed_size(inputs[0], swap.get(dim, dim), depth + 1)
+    if kind == "aten::unsqueeze":
+        position = _constant_int(inputs[1])
+        if position is None:
+            return False
+        position %= rank
+        return dim == position or fixed_size(inputs[0], dim - (dim > position), depth + 1)
+    if kind == "aten::stack":
+        position = _constant_int(inputs[1])
+        return position is not None and dim == position % rank and inputs[0].node().kind() == "prim::ListConstruct"
+    if kind == "aten::linear":
+        return dim == rank - 1 or fixed_size(inputs[0], dim, depth + 1)
+    return False
+
+
+# Element-wise operators whose output broadcasts their tensor inputs.
+_BROADCASTING = frozenset(f"aten::{name}" for name in ("add", "sub", "mul", "div", "where", "masked_fill"))
+# Integer arithmetic of sizes (``C // n_head``) and the wrappers the trace puts around numbers.
+_NUMBER_OPS = frozenset(
+    f"{namespace}::{name}"
+    for namespace, names in (
+        (
+            "aten",
+            ("floordiv", "floor_divide", "mul", "add", "sub", "div", "remainder", "Int", "ScalarImplicit", "Float"),
+        ),
+        ("prim", ("NumToTensor",)),
+    )
+    for name in names
+)
+
+
+def _fixed_number(value: torch._C.Value, depth: int) -> bool:
+    """Whether a traced number (an int or a 0-d tensor) is computed from constants and fixed sizes only."""
+    if depth > _MAX_DEPTH:
+        return False
+    node = value.node()
+    if node.kind() == "prim::Constant":
+        return True
+    if node.kind() == "aten::size":
+        return is_fixed_size_node(node, depth)
+    return node.kind() in _NUMBER_OPS and all(_fixed_number(operand, depth + 1) for operand in node.inputs())
+
+
+def is_fixed_size_node(node: torch._C.Node, depth: int = 0) -> bool:
+    """Whether the trace's ``aten::size(x, d)`` node reads a dimension :func:`_fixed_size` shows constant."""
+    source, index = list(node.inputs())
+    dim = _constant_int(index)
+    return dim is not None and fixed_size(source, dim, depth + 1)
+
+
+def _fixed_broadcast(value: torch._C.Value, tensors: list[torch._C.Value], dim: int, depth: int) -> bool:
+    """A broadcast's dimension is fixed when one operand's is fixed at a size other than 1 (the others
+    must then match it or be 1) or every operand's is fixed."""
+    rank = value.type().dim()
+    aligned = []
+    for tensor in tensors:
+        tensor_rank = tensor.type().dim()
+        index = dim - (rank - tensor_rank) if tensor_rank is not None else -1
+        if tensor_rank is None or index < 0:
+            continue
+        sizes = tensor.type().sizes()
+        aligned.append((fixed_size(tensor, index, depth + 1), sizes[index] if sizes is not None else None))
+    return bool(aligned) and (all(fixed for fixed, _ in aligned) or any(fixed and size != 1 for fixed, size in aligned))

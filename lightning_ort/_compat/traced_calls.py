@@ -1,0 +1,178 @@
+"""The torch calls of the traced forward whose arguments or results the export freezes silently.
+
+A :class:`TracedCalls` mode sees every torch call with its arguments as given, however the function
+was reached: also one bound before the export (``from torch.nn.functional import avg_pool1d``,
+``pool = torch.max_pool1d``) or called as ``torch._C._nn.avg_pool2d``. It records two patterns that
+trained silently differently from eager PyTorch:
+
+- a tensor given alone for a pooling size (``F.max_pool1d(h, h.shape[2])``): torch's argument parser
+  turns a tensor given for an ``int[N]`` into a number with ``item()``, which neither ``__index__``
+  nor a TracerWarning reveals, so the kernel or output size stayed the first batch's;
+- a split along a dimension whose size can change (``len(x.unbind(1))``, ``for i, _ in
+  enumerate(x.split(1, dim=1))``) whose parts are never used: only the Python count of the parts
+  matters, the trace keeps it as a constant, and the split itself leaves the graph. When a part is
+  used, ORT's ``Split`` fails loudly on a batch of another size instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree
+
+from lightning_ort._compat.fixed_sizes import fixed_size
+
+_POOLING = frozenset(
+    f"{kind}_pool{dims}d" for kind in ("max", "avg", "lp", "adaptive_max", "adaptive_avg") for dims in (1, 2, 3)
+)
+# lp_pool has no ATen operator (it is avg_pool of a power): its sizes are ``kernel_size`` and ``stride``.
+_LP_POOL_SIZES = (frozenset({2, 3}), frozenset({"kernel_size", "stride"}))
+# Splits whose number of parts follows the size of the dimension split: the position of their ``dim``.
+_COUNTED_SPLITS = {"unbind": 1, "split": 2, "unsafe_split": 2, "chunk": 2, "unsafe_chunk": 2}
+
+
+@functools.cache
+def _size_positions(name: str) -> tuple[frozenset[int], frozenset[str]]:
+    """Positions and names of ``name``'s ``int[N]`` parameters (``F.max_pool1d`` and the other Python
+    wrappers take the ATen operator's arguments in the same order)."""
+    if name.startswith("lp_pool"):
+        return _LP_POOL_SIZES
+    positions: set[int] = set()
+    names: set[str] = set()
+    for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
+        for position, argument in enumerate(schema.arguments):
+            if argument.N is not None and "List[int]" in str(argument.type):
+                names.add(argument.name)
+                if not argument.kwarg_only:
+                    positions.add(position)
+    return frozenset(positions), frozenset(names)
+
+
+def _is_scalar_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 0
+
+
+def _pooling_sizes(func: Any) -> tuple[frozenset[int], frozenset[str]] | None:
+    """Positions and names of the size parameters of ``func`` if it is a pooling function, reached by any
+    route: ``F.max_pool1d`` dispatches as ``_max_pool1d`` or ``max_pool1d_with_indices``, ``F.avg_pool2d`` is
+    ``torch._C._nn.avg_pool2d``."""
+    name = getattr(func, "__name__", None)
+    if not isinstance(name, str) or "pool" not in name:
+        return None
+    name = name.removeprefix("_").removesuffix("_with_indices")
+    return _size_positions(name) if name in _POOLING else None
+
+
+def _gives_size_tensor(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func`` is a pooling function given a tensor alone for one of its sizes."""
+    sizes = _pooling_sizes(func)
+    if sizes is None:
+        return False
+    positions, names = sizes
+    return any(_is_scalar_tensor(args[i]) for i in positions if i < len(args)) or any(
+        _is_scalar_tensor(kwargs.get(name)) for name in names
+    )
+
+
+def _splits_varying_dimension(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func`` splits a traced tensor into as many parts as a dimension :func:`fixed_size` cannot
+    show constant allows (``unbind``, ``split`` by a size, ``chunk``)."""
+    position = _COUNTED_SPLITS.get(getattr(func, "__name__", None))  # type: ignore[arg-type]
+    if position is None or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() == 0:
+        return False
+    if position == 2 and isinstance(args[1] if len(args) > 1 else kwargs.get("split_size"), (list, tuple)):
+        return False  # split([2, 3]): the sizes given fix the count
+    dim = args[position] if len(args) > position else kwargs.get("dim", 0)
+    if not isinstance(dim, int):
+        return False
+    try:
+        value = torch._C._get_value_trace(args[0])
+    except RuntimeError:  # not part of the trace
+        return False
+    return not fixed_size(value, dim)
+
+
+class TracedCalls(torch.overrides.TorchFunctionMode):
+    """Records, while the export traces, where (``locate()`` of the caller) code gave a pooling function a
+    tensor for a size (:attr:`size_tensors`) and split a varying dimension only to count the parts
+    (:attr:`counted_splits`, complete once :meth:`check_split_uses` ran as the traced module's forward hook).
+
+    ``records`` are the warnings recorded meanwhile (``warnings.catch_warnings(record=True)``); those raised by
+    torch's C functions keep naming the code that called them."""
+
+    def __init__(self, locate: Callable[[], str | None], records: list[warnings.WarningMessage]) -> None:
+        super().__init__()
+        self.locate, self.records = locate, records
+        self.size_tensors: list[str] = []
+        self.counted_splits: list[str] = []
+        self._splits: list[tuple[str, tuple[torch.Tensor, ...]]] = []
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        tracing = torch.jit.is_tracing()
+        if tracing and _gives_size_tensor(func, args, kwargs):
+            _note(self.size_tensors, self.locate())
+        split = tracing and _splits_varying_dimension(func, args, kwargs)
+        recorded = len(self.records)
+        result = func(*args, **kwargs)
+        if len(self.records) > recorded:
+            _attribute_to_caller(self.records[recorded:], sys._getframe(1))
+        location = self.locate() if split else None
+        if location is not None:  # None inside torch's own code
+            self._splits.append((location, tuple(result)))
+        return result
+
+    def check_split_uses(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        """Forward hook of the traced module: the splits of this forward none of whose parts the graph uses or
+        the module returns. It runs while the trace is open, before its dead code is removed."""
+        if not torch.jit.is_tracing():
+            return
+        returned = {id(leaf) for leaf in _pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor)}
+        for location, parts in self._splits:
+            if not any(id(part) in returned or _has_uses(part) for part in parts):
+                _note(self.counted_splits, location)
+        self._splits.clear()
+
+
+def _has_uses(tensor: torch.Tensor) -> bool:
+    try:
+        return bool(torch._C._get_value_trace(tensor).uses())
+    except RuntimeError:  # not part of the trace: nothing to tell, so nothing to refuse
+        return True
+
+
+def _note(seen: list[str], location: str | None) -> None:
+    if location is not None and location not in seen:
+        seen.append(location)
+
+
+def _attribute_to_caller(records: list[warnings.WarningMessage], caller: types.FrameType) -> None:
+    """Give ``caller`` (the code that called the torch function) the warnings the function's C code raised:
+    they name the innermost Python frame, the mode's, where the export's checks need the caller's file (torch's
+    own input validation is exempt) and line."""
+    for record in records:
+        if record.filename == TracedCalls.__torch_function__.__code__.co_filename:
+            record.filename, record.lineno = caller.f_code.co_filename, caller.f_lineno
+
+
+@contextlib.contextmanager
+def traced_calls(
+    module: torch.nn.Module, locate: Callable[[], str | None], records: list[warnings.WarningMessage]
+) -> Iterator[TracedCalls]:
+    """Within the block, a :class:`TracedCalls` watches the calls of ``module``'s traced forward."""
+    calls = TracedCalls(locate, records)
+    handle = module.register_forward_hook(calls.check_split_uses)
+    try:
+        with calls:
+            yield calls
+    finally:
+        handle.remove()
