@@ -179,6 +179,12 @@ class ORTGuard:
                 f" (under {autocast[1]} autocast: this ORT build has no {autocast[1]} kernel for the op; "
                 "precision='32-true' keeps the module in ORT)"
             )
+        if "Cannot split using values in 'split' attribute" in reason:
+            reason += (
+                " (the forward splits a dimension whose size changed since the export, as x.unbind(1) or "
+                "x.split(1, dim=1) over the sequence length do; the exported graph keeps the first batch's number "
+                "of parts. Fix: use tensor operations over the whole dimension, or batches of one length)"
+            )
         graph = "training" if training else "inference"
         if training:
             self.report.fallback_reason = reason

@@ -198,3 +198,13 @@ def test_splits_whose_count_cannot_change_unnoticed_train_in_ort(how: str, batch
     assert_ort_ran(ort, 3)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+def test_a_used_split_of_a_varying_dimension_falls_back_with_the_reason() -> None:
+    """ORT's ``Split`` fails on the first batch of another length; training goes on in PyTorch from there."""
+    eager, ort = fit_both(lambda: SplitCount("steps-used"), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "splits a dimension whose size changed" in report.fallback_reason
+    assert report.ort_calls == 2  # the two batches of the exported length
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
