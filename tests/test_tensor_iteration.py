@@ -143,6 +143,7 @@ def test_a_python_number_from_a_varying_size_is_still_refused() -> None:
     eager, ort = fit_both(lambda: ScaledByWidth("sequence"), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
     (report,) = ort.reports
     assert report.fallback_reason is not None and "Converting a tensor to a Python float" in report.fallback_reason
+    assert "test_tensor_iteration.py" in report.fallback_reason  # the line converting, not lightning_ort's
     assert report.ort_calls == 0
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -28,6 +28,7 @@ import dis
 import functools
 import sys
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -99,7 +100,8 @@ def fixed_size_numbers() -> Iterator[None]:
     """Within the block, ``float()`` and ``int()`` of a traced size of a dimension :func:`fixed_size`
     shows to be constant (minGPT's ``1.0 / math.sqrt(k.size(-1))``, a head's width) give the number
     without torch's TracerWarning, which the guard refuses: no input's size can change it, so the
-    trace may hold it as a constant. Other conversions are left to torch (and its warning)."""
+    trace may hold it as a constant. Other conversions are left to torch, and its warning names the
+    code that converted."""
     originals = {name: getattr(torch.Tensor, name) for name in ("__float__", "__int__")}
 
     def constant_size(original: Any) -> Any:
@@ -112,7 +114,16 @@ def fixed_size_numbers() -> Iterator[None]:
                     return original(self)
                 finally:
                     torch._C._set_tracing_state(state)
-            return original(self)
+            if not torch.jit.is_tracing():
+                return original(self)
+            # torch's C++ warning names the innermost Python frame, this one: give it the caller's
+            with warnings.catch_warnings(record=True) as records:
+                warnings.simplefilter("always")
+                number = original(self)
+            caller = sys._getframe(1)
+            for record in records:
+                warnings.warn_explicit(record.message, record.category, caller.f_code.co_filename, caller.f_lineno)
+            return number
 
         return convert
 
