@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+
+from lightning_ort.dataclass_io import from_mappings, to_mappings
 
 
 class ForwardAdapter(torch.nn.Module):
@@ -59,7 +63,7 @@ class ForwardAdapter(torch.nn.Module):
         that zero-argument ``super()`` in the owner's ``forward`` finds the parent's methods.
         """
         owner_cls = type(owner)
-        namespace: dict[str, Any] = {"forward": owner_cls.forward}
+        namespace: dict[str, Any] = {"forward": _with_dataclasses_as_mappings(owner_cls.forward)}
         if isinstance(owner, pl.LightningModule):
             bases: tuple[type, ...] = (cls,)
             namespace["__class__"] = property(lambda self: owner_cls)
@@ -67,3 +71,14 @@ class ForwardAdapter(torch.nn.Module):
             bases = (cls, owner_cls)
         adapter_cls = type(f"{owner_cls.__name__}ORTAdapter", bases, namespace)
         return adapter_cls(owner)
+
+
+def _with_dataclasses_as_mappings(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` taking and returning dataclass instances as :mod:`~lightning_ort.dataclass_io` mappings, which
+    ORT can flatten (its signature, which ORT reads, stays ``forward``'s)."""
+
+    @functools.wraps(forward)
+    def wrapped(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return to_mappings(forward(self, *from_mappings(args), **from_mappings(kwargs)))
+
+    return wrapped

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ort import _compat
 from lightning_ort.adapter import ForwardAdapter
+from lightning_ort.dataclass_io import from_mappings, to_mappings
 from lightning_ort.errors import ORTFallbackError, ORTUnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class ORTGuard:
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
             self._check_python_state(modules)
-            output = self._ort_module(*args, **kwargs)
+            output = from_mappings(self._ort_module(*to_mappings(args), **to_mappings(kwargs)))
         except Exception as error:
             self._give_up(error, graph, autocast)
             self.report.torch_calls += 1
