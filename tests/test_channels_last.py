@@ -304,6 +304,40 @@ def test_tensors_leaving_the_layout_match_eager() -> None:
     assert_states_match(eager, ort)
 
 
+class ReadAcrossTheLayout(Base):
+    """A graph input read by a convolution and by another node, and channel slices of feature maps (a CIFAR
+    ResNet's "option A" shortcut): the first defined the input twice, the others had ORT's compute optimizer
+    fail on the slices' unknown dimensions ("Invalid dim found in CreateNewShapeWithUpdatedDim"), so both
+    fell back to PyTorch with the default options."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = pattern
+        self.stem, self.down = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 8, 3, 2, 1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.stem(x))
+        if self.pattern == "input-read-again":
+            return self.head(torch.cat([h.mean((2, 3)), x.mean((2, 3)), x.amax((2, 3)).sigmoid()], 1)[:, :8])
+        if self.pattern == "option-a-shortcut":
+            shortcut = F.pad(h[:, :, ::2, ::2], (0, 0, 0, 0, 2, 2))
+            return self.head(F.relu(self.down(h) + shortcut).mean((2, 3)))
+        sliced = torch.cat([h[:, :2] + x[:, :2], self.stem(h[:, :3])[:, 1:] + h[:, 1:]], 1)  # "channel-slices"
+        return self.head(sliced.mean((2, 3)).repeat(1, 2)[:, :8])
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+@pytest.mark.parametrize("pattern", ["input-read-again", "option-a-shortcut", "channel-slices"])
+def test_tensors_read_across_the_layout_train_in_ort(pattern: str) -> None:
+    eager, ort = fit_both(lambda: ReadAcrossTheLayout(pattern), image_loader, 3)
+    assert_ort_ran(ort, 3)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
 def _conv_relu_graph(bias_shape: list[int]) -> onnx.ModelProto:
     helper = onnx.helper
     conv = helper.make_node("ATen", ["x", "w"], ["y"], domain="org.pytorch.aten", operator="lightning_ort::convolution")

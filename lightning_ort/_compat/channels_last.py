@@ -230,6 +230,7 @@ class _Rewrite:
             held = self._fresh(f"{name}_nhwc")
             self.nodes.append(onnx.helper.make_node("Transpose", [name], [held], perm=TO_NHWC))
             self.nhwc[name] = held
+            self.nchw.add(name)  # it keeps its standard form: a later reader must not define it again
             self._permuted_type(name, held, TO_NHWC)
         return self.nhwc[name]
 
@@ -257,7 +258,13 @@ class _Rewrite:
         for axis in perm:
             permuted.tensor_type.shape.dim.add().CopyFrom(dims[axis])
         self.types[new_name] = permuted
-        self.graph.value_info.append(onnx.helper.make_value_info(new_name, permuted))
+        annotation = permuted
+        if not all(dim.HasField("dim_value") or dim.HasField("dim_param") for dim in dims):
+            # the element type only: ORT's compute optimizer, moving a Slice above this pass's Transpose back,
+            # fails on a shape with an unknown dimension ("Invalid dim found in CreateNewShapeWithUpdatedDim")
+            # and leaves a tensor without a shape as it is
+            annotation = onnx.helper.make_tensor_type_proto(tensor_type.tensor_type.elem_type, None)
+        self.graph.value_info.append(onnx.helper.make_value_info(new_name, annotation))
 
 
 def _nhwc_form(node: onnx.NodeProto) -> tuple[str, tuple[int, ...]] | None:

@@ -258,12 +258,18 @@ def _equal_where_valid(first: str, second: str) -> bool:
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """What ORTModule's ``_infer_shapes`` returns, less the assumed dimensions (unknown instead).
 
-    Raises what ORT's inference raises when it cannot complete."""
+    Raises what ORT's inference raises when it cannot complete, and when it would repeat itself forever."""
     inference = _RecordingInference(2**31 - 1, True, True, 0)  # int_max, auto_merge, guess_output_rank, verbose
     inference._preprocess(model)
     complete = False
+    merges: dict[Any, Any] | None = None
     while inference.run_:
         complete = inference._infer_impl()
+        # another pass starts from the merges alone: with none new it would stop where this one did, forever
+        # (a concatenation of dimensions only assumed equal, which _apply_suggested_merge keeps apart)
+        if inference.run_ and inference.suggested_merge_ == merges:
+            raise RuntimeError("ORT's symbolic shape inference stopped making progress")
+        merges = dict(inference.suggested_merge_)
     inference._update_output_from_vi()
     if not complete:
         raise RuntimeError("ORT's symbolic shape inference could not complete")
