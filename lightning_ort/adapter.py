@@ -33,6 +33,15 @@ class ForwardAdapter(torch.nn.Module):
         self._non_persistent_buffers_set.update(owner._non_persistent_buffers_set)
         self.training = owner.training
 
+    def take_owner_state(self) -> None:
+        """Hold the owner's submodules, parameters and buffers as they are now: one replaced since (``self.center
+        = ...`` in ``training_step``) is a new object the adapter's own dictionaries do not have."""
+        owner = object.__getattribute__(self, "_owner")
+        self._modules.update(owner._modules)
+        self._parameters.update(owner._parameters)
+        self._buffers.update(owner._buffers)
+        self._non_persistent_buffers_set.update(owner._non_persistent_buffers_set)
+
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)

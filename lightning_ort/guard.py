@@ -57,6 +57,10 @@ _TRAINING_UNDER_NO_GRAD = (
     "statistics as PyTorch does; call .eval() on it, or call it with gradients)"
 )
 _OTHER_AUTOCAST = "called under another autocast state than the one its graph was exported with"
+_REPLACED_BEFORE_BACKWARD = (
+    "submodules or tensor shapes were replaced before the previous call's backward (a new export now would "
+    "free the state that backward needs)"
+)
 _MODES_BEFORE_BACKWARD = (
     "submodules' train/eval modes changed before the previous call's backward (a new export now would "
     "free the state that backward needs)"
@@ -90,6 +94,22 @@ def _autocast_state() -> tuple[bool, torch.dtype]:
     return False, torch.float32
 
 
+def _identities(modules: list[torch.nn.Module]) -> tuple[int, ...]:
+    return (
+        *map(id, modules),
+        *(id(value) for module in modules for value in (*module._parameters.values(), *module._buffers.values())),
+    )
+
+
+def _layout(modules: list[torch.nn.Module]) -> tuple[Any, ...]:
+    """What ORT's graph depends on of the submodules, parameters and buffers (not the tensor objects)."""
+    tensors = [value for module in modules for value in (*module._parameters.values(), *module._buffers.values())]
+    return (
+        *map(id, modules),
+        *((None if value is None else (value.shape, value.dtype, value.device)) for value in tensors),
+    )
+
+
 class ORTGuard:
     """Callable installed as ``owner.forward``: ORT when it can, PyTorch with one warning when it cannot."""
 
@@ -109,6 +129,9 @@ class ORTGuard:
         self._batch_norms = _compat.batch_counters(owner)
         self._graph_autocast: dict[bool, tuple[bool, torch.dtype]] = {}
         self._graph_modes: dict[bool, tuple[bool, ...]] = {}
+        modules = list(owner.modules())
+        self._identities: tuple[int, ...] | None = None  # of the submodules, parameters and buffers ORT reads
+        self._layout = _layout(modules)
 
     @property
     def ort_module(self) -> torch.nn.Module | None:
@@ -145,6 +168,11 @@ class ORTGuard:
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
             _compat.export_again(self._ort_module, graph)
             self._graph_modes[graph] = modes
+        identities = _identities(modules)
+        if identities != self._identities:
+            if self._identities is not None and not self._take_new_state(modules, graph):
+                return self._in_pytorch(_REPLACED_BEFORE_BACKWARD, args, kwargs)
+            self._identities = identities
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
             self._check_python_state(modules)
@@ -157,6 +185,25 @@ class ORTGuard:
             _compat.advance_batch_counters(self._batch_norms)
         self.report.ort_calls += 1
         return output
+
+    def _take_new_state(self, modules: list[torch.nn.Module], graph: bool) -> bool:
+        """Give ORT the submodules, parameters and buffers replaced since the last call (a buffer assigned
+        anew, ``self.center = ...``): ORT reads them again when only the tensor objects changed, and exports
+        again when a submodule or a tensor's shape did. False when that has to wait for a pending backward."""
+        assert self._ort_module is not None
+        layout = _layout(modules)
+        if layout != self._layout:
+            if graph and _compat.backward_pending(self._ort_module):
+                return False
+            log.info(
+                "lightning_ort: submodules or tensor shapes in %s were replaced; ORT exports it again", self.report.name
+            )
+            for either in (True, False):
+                _compat.export_again(self._ort_module, either)
+            self._layout = layout
+        self._adapter.take_owner_state()
+        _compat.read_module_tensors_again(self._ort_module)
+        return True
 
     def _in_pytorch(self, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """This one call in PyTorch, ORT's graphs kept for the next."""

@@ -202,6 +202,16 @@ def export_again(ort_module: torch.nn.Module, graph: bool) -> None:
         transitions.signal_model_changed()
 
 
+def read_module_tensors_again(ort_module: torch.nn.Module) -> None:
+    """Make both of ORT's graphs take the module's parameters and buffers anew on their next run: ORT keeps
+    the tensor objects of its first run, so a buffer replaced since (``self.center = ...``) was never read."""
+    for manager in _execution_managers(ort_module):
+        transitions = manager._graph_transition_manager
+        info = getattr(transitions, "_post_export_processed_model_info", None) if transitions is not None else None
+        if info is not None:
+            info._buffer_for_ort_runs = None
+
+
 def end_profiling(ort_module: torch.nn.Module) -> str | None:
     """Stop ORT's profiler of the training session; the path of its JSON (None without a session)."""
     agent = getattr(_execution_managers(ort_module)[0], "_execution_agent", None)
