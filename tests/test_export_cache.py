@@ -153,6 +153,40 @@ def test_cached_graph_holding_another_value_is_exported_anew(
     assert_states_match(eager, run)
 
 
+class HyperCNN(CNN):
+    """Divides by a hyper-parameter and by an entry of a config dict; ``self.hparams`` and the dict are in
+    no cache key (the adapter ORT exports keys the LightningModule by its structure)."""
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = {"scale": 1.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) / self.hparams.temperature * self.config["scale"]
+
+
+@pytest.mark.parametrize("change", ["hparams", "config"])
+def test_cached_graph_holding_another_hyper_parameter_is_exported_anew(
+    cache_dir: Path, exports: list[Any], change: str
+) -> None:
+    torch.manual_seed(0)
+    model = HyperCNN()
+    fit(model, image_loader(), lightning_ort.ORTStrategy(export_cache=True), 2)
+    torch.manual_seed(0)
+    twin = HyperCNN(temperature=2.0 if change == "hparams" else 1.0)
+    twin.load_state_dict(model.state_dict())
+    if change == "config":
+        twin.config["scale"] = 3.0
+    eager_model = copy.deepcopy(twin)
+    run = fit(twin, image_loader(), lightning_ort.ORTStrategy(export_cache=True, fallback="raise"), 2)
+    assert len(exports) == 2, "the cached graph of another value was reused"
+    eager = fit(eager_model, image_loader(), "auto", 2)
+    assert_ort_ran(run, 2)
+    assert_losses_match(eager, run)
+    assert_states_match(eager, run)
+
+
 def test_refused_export_is_never_reused(cache_dir: Path) -> None:
     run = _fit(NoGradInForward())
     (report,) = run.reports

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 import warnings
 from typing import Any
 
@@ -72,34 +73,52 @@ def test_raise_stops_with_reason(model_cls: type, reason: str) -> None:
 
 
 class Scheduled(MLP):
-    """Scales its output by a value that changes every step: the global step, a number a callback
-    sets, or a plain tensor attribute (not a buffer) a callback fills."""
+    """Scales its output by a value that changes every step: the global step (read from the module or its
+    trainer), a number a callback sets (an attribute, a hyper-parameter, a config's entry), or a plain
+    tensor attribute (not a buffer) a callback fills."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, temperature: float = 1.0) -> None:
         super().__init__()
+        self.save_hyperparameters()
         self.source = source
-        self.temperature = 1.0
+        self.temperature = temperature
         self.scale = torch.ones(())
+        self.config = {"temperature": 1.0} if source == "config-dict" else types.SimpleNamespace(temperature=1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.source == "global_step":
-            factor: Any = 1.0 + 0.1 * self.global_step
-        else:
-            factor = self.temperature if self.source == "attribute" else self.scale
-        return self.head(self.body(x)) * factor
+        factors: dict[str, Any] = {
+            "global_step": lambda: 1.0 + 0.1 * self.global_step,
+            "trainer": lambda: 1.0 + 0.1 * self.trainer.global_step,
+            "attribute": lambda: self.temperature,
+            "hparams": lambda: self.hparams.temperature,
+            "hparams-item": lambda: self.hparams["temperature"],
+            "config-dict": lambda: self.config["temperature"],
+            "config-namespace": lambda: self.config.temperature,
+            "tensor": lambda: self.scale,
+        }
+        return self.head(self.body(x)) * factors[self.source]()
 
 
 class Schedule(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, index: int) -> None:
-        pl_module.temperature = 1.0 + 0.1 * index
+        pl_module.temperature = pl_module.hparams.temperature = 1.0 + 0.1 * index
         pl_module.scale.fill_(1.0 + 0.1 * index)
+        if isinstance(pl_module.config, dict):
+            pl_module.config["temperature"] = 1.0 + 0.1 * index
+        else:
+            pl_module.config.temperature = 1.0 + 0.1 * index
 
 
 @pytest.mark.parametrize(
     ("source", "reason"),
     [
         ("global_step", "reads self.global_step, which was 0 when ORT exported the graph and is 1 now"),
+        ("trainer", "reads self.trainer.global_step, which was 0 when ORT exported the graph and is 1 now"),
         ("attribute", "reads self.temperature, which was 1.0 when ORT exported the graph and is 1.1 now"),
+        ("hparams", "reads self.hparams.temperature, which was 1.0 when ORT exported the graph and is 1.1 now"),
+        ("hparams-item", "reads self.hparams.temperature, which was 1.0 when ORT exported the graph and is 1.1"),
+        ("config-dict", "reads self.config, whose numbers changed after ORT exported the graph"),
+        ("config-namespace", "reads self.config, whose numbers changed after ORT exported the graph"),
         ("tensor", "reads the plain tensor attribute self.scale, which changed after ORT exported the graph"),
     ],
 )

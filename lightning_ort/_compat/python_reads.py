@@ -2,7 +2,9 @@
 
 The export runs ``forward`` once under the TorchScript tracer: a number read from a module
 (``self.global_step``, a temperature set by a callback, ``nn.Dropout``'s ``p`` changed by a
-schedule) or a plain tensor attribute (not a parameter or buffer) becomes a constant of ORT's graph.
+schedule) or a plain tensor attribute (not a parameter or buffer) becomes a constant of ORT's graph,
+as does a number read through one: ``self.hparams.temperature``, ``self.trainer.global_step``, a
+config held as a dict, list or namespace (``self.cfg.scale``).
 If the value changes later, eager PyTorch computes with the new one and ORT's graph with the old
 one, silently. :func:`recorded_reads` records what the trace read, and :func:`changed_read` tells,
 before each call, whether one of those values has changed since.
@@ -10,9 +12,11 @@ before each call, whether one of those values has changed since.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,15 +25,23 @@ import torch
 _NUMBERS = (bool, int, float)
 # Set by Lightning and lightning_ort, or kept in sync with the graph by other means (train/eval modes).
 _IGNORED = frozenset({"training"})
+# Plain containers a forward reads numbers through (a config): their numbers are compared as a whole.
+_CONTAINERS = (dict, list, types.SimpleNamespace, argparse.Namespace)
 
 
 @dataclass
 class PythonReads:
-    """Module attributes a traced forward read: numbers by value, plain tensors by identity and version."""
+    """Module attributes a traced forward read: numbers by value, plain tensors by identity and version;
+    numbers read through a module's ``hparams`` or ``trainer`` (``items``, by module, attribute and key) or
+    held by a plain container attribute (``containers``: all its numbers)."""
 
     modules: dict[int, tuple[torch.nn.Module, str]] = field(default_factory=dict)
     numbers: dict[tuple[int, str], list[Any]] = field(default_factory=dict)
     tensors: dict[tuple[int, str], list[tuple[int, int]]] = field(default_factory=dict)
+    items: dict[tuple[int, str, str], list[Any]] = field(default_factory=dict)
+    containers: dict[tuple[int, str], list[tuple[Any, Any]]] = field(default_factory=dict)
+    # id of an hparams or trainer object read during the trace -> the module and attribute it was read from
+    watched: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 _READS: weakref.WeakKeyDictionary[torch.nn.Module, PythonReads] = weakref.WeakKeyDictionary()
@@ -44,6 +56,9 @@ def reads_of(module: torch.nn.Module) -> PythonReads:
 def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module, str]]) -> Iterator[None]:
     """Record into ``reads`` the attributes of ``modules`` (id -> module and its name) that code read
     while tracing inside the block."""
+    from lightning.fabric.utilities.data import AttributeDict
+    from lightning.pytorch import Trainer
+
     reads.modules.update(modules)
     original = torch.nn.Module.__getattribute__
 
@@ -52,17 +67,43 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
         if name in _IGNORED or not torch.jit.is_tracing() or id(self) not in modules:
             return value
         if isinstance(value, _NUMBERS):
-            values = reads.numbers.setdefault((id(self), name), [])
-            if value not in values:
-                values.append(value)
+            _add(reads.numbers.setdefault((id(self), name), []), value)
         elif type(value) is torch.Tensor and name in original(self, "__dict__"):
-            tensors = reads.tensors.setdefault((id(self), name), [])
-            if (id(value), value._version) not in tensors:
-                tensors.append((id(value), value._version))
+            _add(reads.tensors.setdefault((id(self), name), []), (id(value), value._version))
+        elif isinstance(value, (AttributeDict, Trainer)):
+            # the name the user reads it by (hparams, trainer) over the one its property reads (_hparams)
+            if reads.watched.get(id(value), ("", "_"))[1].startswith("_"):
+                reads.watched[id(value)] = (id(self), name)
+        elif isinstance(value, _CONTAINERS):
+            reads.containers.setdefault((id(self), name), _numbers_in(value))
         return value
 
+    def record_item(container: Any, key: Any, value: Any) -> None:
+        where = reads.watched.get(id(container))
+        if where is not None and isinstance(value, _NUMBERS) and isinstance(key, str) and torch.jit.is_tracing():
+            _add(reads.items.setdefault((*where, key), []), value)
+
+    def attribute_dict_getattr(self: AttributeDict, key: str) -> Any:
+        value = dict_getattr(self, key)
+        record_item(self, key, value)
+        return value
+
+    def attribute_dict_getitem(self: AttributeDict, key: Any) -> Any:
+        value = dict.__getitem__(self, key)
+        record_item(self, key, value)
+        return value
+
+    def trainer_getattribute(self: Trainer, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        record_item(self, name, value)
+        return value
+
+    dict_getattr = AttributeDict.__getattr__
     own = torch.nn.Module.__dict__.get("__getattribute__")
     torch.nn.Module.__getattribute__ = __getattribute__  # type: ignore[method-assign]
+    AttributeDict.__getattr__ = attribute_dict_getattr  # type: ignore[method-assign]
+    AttributeDict.__getitem__ = attribute_dict_getitem  # type: ignore[method-assign,assignment]
+    Trainer.__getattribute__ = trainer_getattribute  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -70,6 +111,31 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
             del torch.nn.Module.__getattribute__
         else:
             torch.nn.Module.__getattribute__ = own  # type: ignore[method-assign]
+        AttributeDict.__getattr__ = dict_getattr  # type: ignore[method-assign]
+        del AttributeDict.__getitem__
+        del Trainer.__getattribute__
+
+
+def _add(values: list[Any], value: Any) -> None:
+    if value not in values:
+        values.append(value)
+
+
+def _numbers_in(container: Any) -> list[tuple[Any, Any]]:
+    """The numbers a plain container holds directly, with their keys (indices, names)."""
+    if isinstance(container, Mapping):
+        items: Any = container.items()
+    elif isinstance(container, list):
+        items = enumerate(container)
+    elif isinstance(container, (types.SimpleNamespace, argparse.Namespace)):
+        items = vars(container).items()
+    else:
+        return []
+    return [(key, value) for key, value in items if isinstance(value, _NUMBERS)]
+
+
+def _item(container: Any, key: str) -> Any:
+    return container.get(key) if isinstance(container, Mapping) else getattr(container, key, None)
 
 
 def changed_read(module: torch.nn.Module) -> str | None:
@@ -87,6 +153,23 @@ def changed_read(module: torch.nn.Module) -> str | None:
                 f"{current!r} now; the graph holds the old value as a constant. Fix: pass the value to forward "
                 "as a tensor, or register it as a buffer"
             )
+    for (key, name, item), values in reads.items.items():
+        module, path = reads.modules[key]
+        current = _item(getattr(module, name, None), item)
+        if any(current != value or type(current) is not type(value) for value in values):
+            return (
+                f"its forward reads {path}.{name}.{item}, which was {values[0]!r} when ORT exported the graph and "
+                f"is {current!r} now; the graph holds the old value as a constant. Fix: pass the value to forward "
+                "as a tensor, or register it as a buffer"
+            )
+    for (key, name), numbers in reads.containers.items():
+        module, path = reads.modules[key]
+        if _numbers_in(getattr(module, name, None)) != numbers:
+            return (
+                f"its forward reads {path}.{name}, whose numbers changed after ORT exported the graph "
+                f"(they were {dict(numbers)!r}); the graph holds the numbers it read as constants. Fix: pass such "
+                "values to forward as tensors, or register them as buffers"
+            )
     for (key, name), tensors in reads.tensors.items():
         module, path = reads.modules[key]
         current = getattr(module, name, None)
@@ -101,7 +184,10 @@ def changed_read(module: torch.nn.Module) -> str | None:
 
 
 def _holds(module: torch.nn.Module, name: str, values: list[Any]) -> bool:
-    current = getattr(module, name, None)
+    return _is_each(getattr(module, name, None), values)
+
+
+def _is_each(current: Any, values: list[Any]) -> bool:
     return isinstance(current, _NUMBERS) and all(current == value and type(current) is type(value) for value in values)
 
 
@@ -110,6 +196,11 @@ def to_record(reads: PythonReads) -> dict[str, list[Any]]:
     return {
         "numbers": [[reads.modules[key][1], name, values] for (key, name), values in reads.numbers.items()],
         "tensors": [[reads.modules[key][1], name] for key, name in reads.tensors],
+        "items": [[reads.modules[key][1], name, item, values] for (key, name, item), values in reads.items.items()],
+        "containers": [
+            [reads.modules[key][1], name, [list(pair) for pair in numbers]]
+            for (key, name), numbers in reads.containers.items()
+        ],
     }
 
 
@@ -127,6 +218,23 @@ def from_record(
         if owner is None:
             return f"{path}.{name} is not {values[0]!r} as when the cached graph was exported"
         numbers[(id(owner), name)] = values
+    items: dict[tuple[int, str, str], list[Any]] = {}
+    for path, name, item, values in record.get("items", []):
+        owner = next(
+            (module for module in by_name.get(path, []) if _holds_item(getattr(module, name, None), item, values)), None
+        )
+        if owner is None:
+            return f"{path}.{name}.{item} is not {values[0]!r} as when the cached graph was exported"
+        items[(id(owner), name, item)] = values
+    containers: dict[tuple[int, str], list[tuple[Any, Any]]] = {}
+    for path, name, pairs in record.get("containers", []):
+        expected = [tuple(pair) for pair in pairs]
+        owner = next(
+            (module for module in by_name.get(path, []) if _numbers_in(getattr(module, name, None)) == expected), None
+        )
+        if owner is None:
+            return f"the numbers in {path}.{name} are not as when the cached graph was exported"
+        containers[(id(owner), name)] = expected
     tensors: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for path, name in record["tensors"]:
         owner = next((module for module in by_name.get(path, []) if name in vars(module)), None)
@@ -136,5 +244,11 @@ def from_record(
         tensors[(id(owner), name)] = [(id(tensor), tensor._version)]
     reads.modules.update(modules)
     reads.numbers.update(numbers)
+    reads.items.update(items)
+    reads.containers.update(containers)
     reads.tensors.update(tensors)
     return None
+
+
+def _holds_item(container: Any, item: str, values: list[Any]) -> bool:
+    return _is_each(_item(container, item), values)
