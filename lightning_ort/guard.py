@@ -129,9 +129,8 @@ class ORTGuard:
         self._batch_norms = _compat.batch_counters(owner)
         self._graph_autocast: dict[bool, tuple[bool, torch.dtype]] = {}
         self._graph_modes: dict[bool, tuple[bool, ...]] = {}
-        modules = list(owner.modules())
         self._identities: tuple[int, ...] | None = None  # of the submodules, parameters and buffers ORT reads
-        self._layout = _layout(modules)
+        self._layout: tuple[Any, ...] = ()
 
     @property
     def ort_module(self) -> torch.nn.Module | None:
@@ -170,7 +169,9 @@ class ORTGuard:
             self._graph_modes[graph] = modes
         identities = _identities(modules)
         if identities != self._identities:
-            if self._identities is not None and not self._take_new_state(modules, graph):
+            if self._identities is None:
+                self._layout = _layout(modules)
+            elif not self._take_new_state(modules, graph):
                 return self._in_pytorch(_REPLACED_BEFORE_BACKWARD, args, kwargs)
             self._identities = identities
         _compat.set_training_flag(self._ort_module, graph, training)

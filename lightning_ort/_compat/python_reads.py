@@ -27,6 +27,7 @@ _NUMBERS = (bool, int, float)
 _IGNORED = frozenset({"training"})
 # Plain containers a forward reads numbers through (a config): their numbers are compared as a whole.
 _CONTAINERS = (dict, list, types.SimpleNamespace, argparse.Namespace)
+_MAX_ITEMS = 1024  # larger ones (a vocabulary) hold no schedule, and comparing them would cost every call
 
 
 @dataclass
@@ -74,7 +75,7 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
             # the name the user reads it by (hparams, trainer) over the one its property reads (_hparams)
             if reads.watched.get(id(value), ("", "_"))[1].startswith("_"):
                 reads.watched[id(value)] = (id(self), name)
-        elif isinstance(value, _CONTAINERS):
+        elif isinstance(value, _CONTAINERS) and _size(value) <= _MAX_ITEMS:
             reads.containers.setdefault((id(self), name), _numbers_in(value))
         return value
 
@@ -119,6 +120,10 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
 def _add(values: list[Any], value: Any) -> None:
     if value not in values:
         values.append(value)
+
+
+def _size(container: Any) -> int:
+    return len(container if isinstance(container, (dict, list)) else vars(container))
 
 
 def _numbers_in(container: Any) -> list[tuple[Any, Any]]:
