@@ -56,3 +56,28 @@ def test_rnn_trains_in_ort_like_eager(rnn: dict[str, Any]) -> None:
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class Packed(SequenceClassifier):
+    """A bidirectional LSTM over packed sequences whose lengths come from the batch (``x[..., 0] > -9``
+    keeps them all: every sequence is its full length)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.head = nn.LSTM(8, 6, batch_first=True, bidirectional=True), nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lengths = (x[..., 0] > -9).sum(1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        _, (h, _) = self.rnn(packed)
+        return self.head(torch.cat([h[-2], h[-1]], -1))
+
+
+def test_packed_sequences_fall_back_with_the_reason() -> None:
+    """ORT's own errors said nothing a user could act on (``vector::_M_range_check``)."""
+    eager, ort = fit_both(Packed, varying_sequences, STEPS, strategy=ORTStrategy())
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "packs sequences for a recurrent layer" in report.fallback_reason
+    assert "test_rnn.py" in report.fallback_reason and report.ort_calls == 0
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

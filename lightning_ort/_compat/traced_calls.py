@@ -101,8 +101,9 @@ def _splits_varying_dimension(func: Any, args: tuple[Any, ...], kwargs: dict[str
 
 class TracedCalls(torch.overrides.TorchFunctionMode):
     """Records, while the export traces, where (``locate()`` of the caller) code gave a pooling function a
-    tensor for a size (:attr:`size_tensors`) and split a varying dimension only to count the parts
-    (:attr:`counted_splits`, complete once :meth:`check_split_uses` ran as the traced module's forward hook).
+    tensor for a size (:attr:`size_tensors`), split a varying dimension only to count the parts
+    (:attr:`counted_splits`, complete once :meth:`check_split_uses` ran as the traced module's forward hook)
+    and packed sequences for a recurrent layer (:attr:`packed_sequences`, which ONNX cannot express).
 
     ``records`` are the warnings recorded meanwhile (``warnings.catch_warnings(record=True)``); those raised by
     torch's C functions keep naming the code that called them."""
@@ -112,6 +113,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         self.locate, self.records = locate, records
         self.size_tensors: list[str] = []
         self.counted_splits: list[str] = []
+        self.packed_sequences: list[str] = []
         self._splits: list[tuple[str, tuple[torch.Tensor, ...]]] = []
 
     def __torch_function__(
@@ -121,6 +123,8 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         tracing = torch.jit.is_tracing()
         if tracing and _gives_size_tensor(func, args, kwargs):
             _note(self.size_tensors, self.locate())
+        if tracing and getattr(func, "__name__", None) == "_pack_padded_sequence":
+            _note(self.packed_sequences, self.locate() or "torch")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         recorded = len(self.records)
         result = func(*args, **kwargs)
