@@ -124,7 +124,8 @@ class ScaledByWidth(Base):
         batch, length, channels = x.size()
         q, k, v = self.c_attn(x).split(channels, dim=2)
         q, k, v = (t.view(batch, length, self.n_head, channels // self.n_head).transpose(1, 2) for t in (q, k, v))
-        size = k.size(-1) if self.scale_from == "head-width" else k.size(-2)
+        sizes = {"head-width": k.size(-1), "head-arithmetic": channels // self.n_head, "sequence": k.size(-2)}
+        size = sizes[self.scale_from]
         attention = (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(size))).softmax(dim=-1)
         return self.head((attention @ v).transpose(1, 2).reshape(batch, length, channels).mean(1))
 
@@ -132,8 +133,10 @@ class ScaledByWidth(Base):
         return F.cross_entropy(self(batch[0]), batch[1])
 
 
-def test_a_python_number_from_a_fixed_size_trains_in_ort() -> None:
-    eager, ort = fit_both(lambda: ScaledByWidth("head-width"), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+@pytest.mark.parametrize("scale_from", ["head-width", "head-arithmetic"])
+def test_a_python_number_from_a_fixed_size_trains_in_ort(scale_from: str) -> None:
+    """``math.sqrt(k.size(-1))`` and ``math.sqrt(C // n_head)`` (C the width of a linear layer's output)."""
+    eager, ort = fit_both(lambda: ScaledByWidth(scale_from), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
     assert_ort_ran(ort, 5)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -61,7 +61,7 @@ def fixed_size(value: torch._C.Value, dim: int, depth: int = 0) -> bool:
             constants = _constant_ints(inputs[1])
             return constants is not None and constants[dim] >= 0
         size = _constant_int(sizes[dim])
-        return size >= 0 if size is not None else _fixed_number(sizes[dim], depth + 1)
+        return size >= 0 if size is not None else fixed_number(sizes[dim], depth + 1)
     if kind == "aten::embedding":  # (weight, indices, ...): the last dimension is the weight's width
         return dim == rank - 1 or fixed_size(inputs[1], dim, depth + 1)
     if kind in _BROADCASTING:
@@ -106,7 +106,7 @@ _NUMBER_OPS = frozenset(
 )
 
 
-def _fixed_number(value: torch._C.Value, depth: int) -> bool:
+def fixed_number(value: torch._C.Value, depth: int = 0) -> bool:
     """Whether a traced number (an int or a 0-d tensor) is computed from constants and fixed sizes only."""
     if depth > _MAX_DEPTH:
         return False
@@ -115,7 +115,7 @@ def _fixed_number(value: torch._C.Value, depth: int) -> bool:
         return True
     if node.kind() == "aten::size":
         return is_fixed_size_node(node, depth)
-    return node.kind() in _NUMBER_OPS and all(_fixed_number(operand, depth + 1) for operand in node.inputs())
+    return node.kind() in _NUMBER_OPS and all(fixed_number(operand, depth + 1) for operand in node.inputs())
 
 
 def is_fixed_size_node(node: torch._C.Node, depth: int = 0) -> bool:

@@ -36,7 +36,7 @@ import torch
 from torch.nn.utils import prune
 from torch.nn.utils.weight_norm import WeightNorm
 
-from lightning_ort._compat.fixed_sizes import fixed_size, is_fixed_size_node
+from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
 from lightning_ort._compat.traced_calls import TracedCalls
 
 _SUBSCRIPTS = {"BINARY_SUBSCR", "STORE_SUBSCR", "BINARY_SLICE", "STORE_SLICE"}
@@ -137,14 +137,13 @@ def fixed_size_numbers() -> Iterator[None]:
 
 
 def _is_fixed_size_read(tensor: torch.Tensor) -> bool:
-    """Whether the traced 0-d ``tensor`` is ``x.size(d)`` (or ``x.shape[d]``) of a fixed-size dimension."""
+    """Whether the traced 0-d ``tensor`` is computed from constants and sizes of fixed-size dimensions only
+    (``x.size(-1)``, ``C // n_head``)."""
     try:
-        node = torch._C._get_value_trace(tensor).node()
+        value = torch._C._get_value_trace(tensor)
     except RuntimeError:  # not part of the trace
         return False
-    if node.kind() == "prim::NumToTensor":
-        node = next(node.inputs()).node()
-    return node.kind() == "aten::size" and is_fixed_size_node(node)
+    return fixed_number(value)
 
 
 def _in_subscript(frame: types.FrameType) -> bool:
