@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import types
 import weakref
 from collections.abc import Iterator, Mapping
@@ -75,7 +76,7 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
             # the name the user reads it by (hparams, trainer) over the one its property reads (_hparams)
             if reads.watched.get(id(value), ("", "_"))[1].startswith("_"):
                 reads.watched[id(value)] = (id(self), name)
-        elif isinstance(value, _CONTAINERS) and _size(value) <= _MAX_ITEMS:
+        elif isinstance(value, _CONTAINERS) and name not in _internal_names() and _size(value) <= _MAX_ITEMS:
             reads.containers.setdefault((id(self), name), _numbers_in(value))
         return value
 
@@ -120,6 +121,14 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
 def _add(values: list[Any], value: Any) -> None:
     if value not in values:
         values.append(value)
+
+
+@functools.cache
+def _internal_names() -> frozenset[str]:
+    """Attributes torch and Lightning keep on every module (``__dict__``, ``_modules``, hooks): not configs."""
+    from lightning.pytorch import LightningModule
+
+    return frozenset({"__dict__", *vars(torch.nn.Module()), *vars(LightningModule())})
 
 
 def _size(container: Any) -> int:
