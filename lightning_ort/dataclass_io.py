@@ -65,6 +65,8 @@ def _transform(value: Any, convert: Callable[[Any], Any]) -> Any:
     the others), through tuples, lists and mappings, which are rebuilt only where something changed."""
     if isinstance(value, (torch.Tensor, str, int, float, bool)) or value is None:
         return value
+    if type(value) is tuple and all(isinstance(item, torch.Tensor) for item in value):
+        return value  # a forward's usual arguments, on every call
     converted = convert(value)
     if converted is not _UNCHANGED:
         return converted
