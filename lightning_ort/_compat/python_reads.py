@@ -85,37 +85,41 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
         if where is not None and isinstance(value, _NUMBERS) and isinstance(key, str) and torch.jit.is_tracing():
             _add(reads.items.setdefault((*where, key), []), value)
 
-    def attribute_dict_getattr(self: AttributeDict, key: str) -> Any:
-        value = dict_getattr(self, key)
-        record_item(self, key, value)
-        return value
+    def recording(cls: type, name: str) -> Any:
+        """``cls.name`` (a lookup: ``__getattr__``, ``__getitem__``, ``__getattribute__``), recording numbers."""
+        lookup = getattr(cls, name)
 
-    def attribute_dict_getitem(self: AttributeDict, key: Any) -> Any:
-        value = dict.__getitem__(self, key)
-        record_item(self, key, value)
-        return value
+        def read(self: Any, key: Any) -> Any:
+            value = lookup(self, key)
+            record_item(self, key, value)
+            return value
 
-    def trainer_getattribute(self: Trainer, name: str) -> Any:
-        value = object.__getattribute__(self, name)
-        record_item(self, name, value)
-        return value
+        return read
 
-    dict_getattr = AttributeDict.__getattr__
-    own = torch.nn.Module.__dict__.get("__getattribute__")
-    torch.nn.Module.__getattribute__ = __getattribute__  # type: ignore[method-assign]
-    AttributeDict.__getattr__ = attribute_dict_getattr  # type: ignore[method-assign]
-    AttributeDict.__getitem__ = attribute_dict_getitem  # type: ignore[method-assign,assignment]
-    Trainer.__getattribute__ = trainer_getattribute  # type: ignore[method-assign]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(torch.nn.Module, "__getattribute__", __getattribute__))
+        for cls, name in (
+            (AttributeDict, "__getattr__"),
+            (AttributeDict, "__getitem__"),
+            (Trainer, "__getattribute__"),
+        ):
+            stack.enter_context(_patched(cls, name, recording(cls, name)))
+        yield
+
+
+@contextlib.contextmanager
+def _patched(cls: type, name: str, function: Any) -> Iterator[None]:
+    """``cls.name`` is ``function`` within the block; then what the class itself had (or nothing, so its
+    base's is found again)."""
+    own = cls.__dict__.get(name)
+    setattr(cls, name, function)
     try:
         yield
     finally:
         if own is None:
-            del torch.nn.Module.__getattribute__
+            delattr(cls, name)
         else:
-            torch.nn.Module.__getattribute__ = own  # type: ignore[method-assign]
-        AttributeDict.__getattr__ = dict_getattr  # type: ignore[method-assign]
-        del AttributeDict.__getitem__
-        del Trainer.__getattribute__
+            setattr(cls, name, own)
 
 
 def _add(values: list[Any], value: Any) -> None:
