@@ -132,6 +132,12 @@ class ORTGuard:
         self._identities: tuple[int, ...] | None = None  # of the submodules, parameters and buffers ORT reads
         self._layout: tuple[Any, ...] = ()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A copy of the owner (an EMA or teacher snapshot a callback takes) trains in PyTorch: its ``forward`` is
+        its class's, bound to it, not a guard sharing this one's ORT graphs."""
+        copied_owner = memo.get(id(self.owner))
+        return self if copied_owner is None else type(self.owner).forward.__get__(copied_owner)
+
     @property
     def ort_module(self) -> torch.nn.Module | None:
         """The ORTModule running this module, or ``None`` after teardown."""

@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both, trainer_kwargs
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both, trainer_kwargs
 from models import (
     CNN,
     MLP,
@@ -235,3 +235,26 @@ def test_subclass_forward_calling_super_trains_in_ort() -> None:
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class Snapshot(L.Callback):
+    """Deep-copies the module after every step (EMA, teacher and best-model snapshots do)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.copy = copy.deepcopy(pl_module)
+
+
+def test_a_deep_copy_taken_during_fit_runs_in_pytorch() -> None:
+    """The copy got a copy of the guard and its ORTModule, which failed at its first call."""
+    snapshot = Snapshot()
+    torch.manual_seed(0)
+    run = fit(MLP(), mlp_loader(), "ort", 3, callbacks=[snapshot])
+    assert_ort_ran(run, 3)
+    x = torch.randn(4, 16)
+    run.model.eval()
+    snapshot.copy.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(snapshot.copy(x), run.model(x), rtol=0, atol=0)
+    snapshot.copy.train()
+    snapshot.copy(x).sum().backward()
+    assert all(parameter.grad is not None for parameter in snapshot.copy.parameters())
