@@ -190,6 +190,7 @@ class ORTGuard:
             return self._torch_forward(*args, **kwargs)
         if graph:
             _compat.advance_batch_counters(self._batch_norms)
+        _compat.refresh_hooked_weights(modules)
         self.report.ort_calls += 1
         return output
 

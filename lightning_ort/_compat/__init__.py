@@ -48,7 +48,7 @@ from lightning_ort._compat.runtime import (
     set_training_flag,
     wrap_module,
 )
-from lightning_ort._compat.trace_checks import hooks_problem
+from lightning_ort._compat.trace_checks import hooks_problem, refresh_hooked_weights
 
 __all__ = [
     "GRAPH_STAGES",
@@ -77,6 +77,7 @@ __all__ = [
     "end_profiling",
     "export_again",
     "read_module_tensors_again",
+    "refresh_hooked_weights",
     "exported_model",
     "processed_model",
     "generate_training_artifacts",

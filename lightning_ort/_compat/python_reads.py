@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from lightning_ort._compat import trace_checks
+
 _NUMBERS = (bool, int, float)
 # Set by Lightning and lightning_ort, or kept in sync with the graph by other means (train/eval modes).
 _IGNORED = frozenset({"training"})
@@ -70,7 +72,11 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
             return value
         if isinstance(value, _NUMBERS):
             _add(reads.numbers.setdefault((id(self), name), []), value)
-        elif type(value) is torch.Tensor and name in original(self, "__dict__"):
+        elif (
+            type(value) is torch.Tensor
+            and name in original(self, "__dict__")
+            and name not in trace_checks.hooked_weight_names(self)
+        ):
             _add(reads.tensors.setdefault((id(self), name), []), (id(value), value._version))
         elif isinstance(value, (AttributeDict, Trainer)):
             # the name the user reads it by (hparams, trainer) over the one its property reads (_hparams)

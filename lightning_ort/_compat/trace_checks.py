@@ -154,6 +154,29 @@ def _in_subscript(frame: types.FrameType) -> bool:
     return dis.opname[frame.f_code.co_code[frame.f_lasti]] in _SUBSCRIPTS
 
 
+def hooked_weight_names(module: torch.nn.Module) -> set[str]:
+    """The attributes ``module``'s weight normalisation and pruning hooks set before each forward (``weight``
+    from ``weight_orig`` and the mask): the trace computes them inside the graph."""
+    names = set()
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, prune.BasePruningMethod):
+            names.add(hook._tensor_name)
+        elif isinstance(hook, WeightNorm):
+            names.add(hook.name)
+    return names
+
+
+def refresh_hooked_weights(modules: list[torch.nn.Module]) -> None:
+    """Set the attributes weight normalisation and pruning hooks compute, as the forward ORT ran instead of
+    PyTorch would have: code outside forward reads them (the next round of ``ModelPruning`` ranks the weights
+    it finds there), and they would otherwise stay as the export left them."""
+    with torch.no_grad():
+        for module in modules:
+            for hook in list(module._forward_pre_hooks.values()):
+                if isinstance(hook, _TRACEABLE_HOOKS):
+                    hook(module, ())
+
+
 def parameter_versions(module: torch.nn.Module) -> dict[str, int]:
     """Every parameter's in-place modification counter."""
     return {name: parameter._version for name, parameter in module.named_parameters()}
