@@ -172,10 +172,12 @@ def changed_read(module: torch.nn.Module) -> str | None:
         module, path = reads.modules[key]
         current = getattr(module, name, None)
         if any(current != value or type(current) is not type(value) for value in values):
+            fix = "pass the value to forward as a tensor, or register it as a buffer"
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and name == "momentum":
+                fix = "none needed when a callback changed it (StochasticWeightAveraging's BatchNorm update does)"
             return (
                 f"its forward reads {path}.{name}, which was {values[0]!r} when ORT exported the graph and is "
-                f"{current!r} now; the graph holds the old value as a constant. Fix: pass the value to forward "
-                "as a tensor, or register it as a buffer"
+                f"{current!r} now; the graph holds the old value as a constant. Fix: {fix}"
             )
     for (key, name, item), values in reads.items.items():
         module, path = reads.modules[key]
