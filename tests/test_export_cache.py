@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +154,12 @@ def test_cached_graph_holding_another_value_is_exported_anew(
     assert_states_match(eager, run)
 
 
+SCALE = 1.0  # a module-level number HyperCNN's forward names
+
+
 class HyperCNN(CNN):
-    """Divides by a hyper-parameter and by an entry of a config dict; ``self.hparams`` and the dict are in
-    no cache key (the adapter ORT exports keys the LightningModule by its structure)."""
+    """Divides by a hyper-parameter, an entry of a config dict and a global; ``self.hparams``, the dict and
+    globals are in no cache key (the adapter ORT exports keys the LightningModule by its structure)."""
 
     def __init__(self, temperature: float = 1.0) -> None:
         super().__init__()
@@ -163,12 +167,12 @@ class HyperCNN(CNN):
         self.config = {"scale": 1.0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) / self.hparams.temperature * self.config["scale"]
+        return super().forward(x) / self.hparams.temperature * self.config["scale"] * SCALE
 
 
-@pytest.mark.parametrize("change", ["hparams", "config"])
+@pytest.mark.parametrize("change", ["hparams", "config", "global"])
 def test_cached_graph_holding_another_hyper_parameter_is_exported_anew(
-    cache_dir: Path, exports: list[Any], change: str
+    cache_dir: Path, exports: list[Any], change: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.manual_seed(0)
     model = HyperCNN()
@@ -178,6 +182,8 @@ def test_cached_graph_holding_another_hyper_parameter_is_exported_anew(
     twin.load_state_dict(model.state_dict())
     if change == "config":
         twin.config["scale"] = 3.0
+    if change == "global":
+        monkeypatch.setattr(sys.modules[__name__], "SCALE", 3.0)
     eager_model = copy.deepcopy(twin)
     run = fit(twin, image_loader(), lightning_ort.ORTStrategy(export_cache=True, fallback="raise"), 2)
     assert len(exports) == 2, "the cached graph of another value was reused"

@@ -72,6 +72,9 @@ def test_raise_stops_with_reason(model_cls: type, reason: str) -> None:
     assert "fallback='warn'" in str(info.value)
 
 
+TEMPERATURE = 1.0  # a module-level number Schedule changes
+
+
 class Scheduled(MLP):
     """Scales its output by a value that changes every step: the global step (read from the module or its
     trainer), a number a callback sets (an attribute, a hyper-parameter, a config's entry), or a plain
@@ -94,6 +97,7 @@ class Scheduled(MLP):
             "hparams-item": lambda: self.hparams["temperature"],
             "config-dict": lambda: self.config["temperature"],
             "config-namespace": lambda: self.config.temperature,
+            "global": lambda: TEMPERATURE,
             "tensor": lambda: self.scale,
         }
         return self.head(self.body(x)) * factors[self.source]()
@@ -103,6 +107,9 @@ class Schedule(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, index: int) -> None:
         pl_module.temperature = pl_module.hparams.temperature = 1.0 + 0.1 * index
         pl_module.scale.fill_(1.0 + 0.1 * index)
+        if pl_module.source == "global":  # forward names it in every case: changed, it hands any to PyTorch
+            global TEMPERATURE
+            TEMPERATURE = 1.0 + 0.1 * index
         if isinstance(pl_module.config, dict):
             pl_module.config["temperature"] = 1.0 + 0.1 * index
         else:
@@ -119,6 +126,7 @@ class Schedule(L.Callback):
         ("hparams-item", "reads self.hparams.temperature, which was 1.0 when ORT exported the graph and is 1.1"),
         ("config-dict", "reads self.config, whose numbers changed after ORT exported the graph"),
         ("config-namespace", "reads self.config, whose numbers changed after ORT exported the graph"),
+        ("global", "reads the global test_fallback.TEMPERATURE, which was 1.0 when ORT exported the graph and is 1.1"),
         ("tensor", "reads the plain tensor attribute self.scale, which changed after ORT exported the graph"),
     ],
 )

@@ -4,7 +4,8 @@ The export runs ``forward`` once under the TorchScript tracer: a number read fro
 (``self.global_step``, a temperature set by a callback, ``nn.Dropout``'s ``p`` changed by a
 schedule) or a plain tensor attribute (not a parameter or buffer) becomes a constant of ORT's graph,
 as does a number read through one: ``self.hparams.temperature``, ``self.trainer.global_step``, a
-config held as a dict, list or namespace (``self.cfg.scale``).
+config held as a dict, list or namespace (``self.cfg.scale``), and a module-level number a forward
+method names.
 If the value changes later, eager PyTorch computes with the new one and ORT's graph with the old
 one, silently. :func:`recorded_reads` records what the trace read, and :func:`changed_read` tells,
 before each call, whether one of those values has changed since.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import sys
 import types
 import weakref
 from collections.abc import Iterator, Mapping
@@ -46,6 +48,8 @@ class PythonReads:
     containers: dict[tuple[int, str], list[tuple[Any, Any]]] = field(default_factory=dict)
     # id of an hparams or trainer object read during the trace -> the module and attribute it was read from
     watched: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # module-level numbers the user's forward methods name: (the Python module's name, the global's) -> value
+    globals: dict[tuple[str, str], Any] = field(default_factory=dict)
 
 
 _READS: weakref.WeakKeyDictionary[torch.nn.Module, PythonReads] = weakref.WeakKeyDictionary()
@@ -64,6 +68,8 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
     from lightning.pytorch import Trainer
 
     reads.modules.update(modules)
+    for module, _ in modules.values():
+        reads.globals.update(_global_numbers(type(module)))
     original = torch.nn.Module.__getattribute__
 
     def __getattribute__(self: torch.nn.Module, name: str) -> Any:
@@ -128,6 +134,29 @@ def _patched(cls: type, name: str, function: Any) -> Iterator[None]:
             setattr(cls, name, own)
 
 
+def _global_numbers(cls: type) -> dict[tuple[str, str], Any]:
+    """The module-level numbers ``cls.forward`` names (``x / TEMPERATURE``), for a class outside torch and
+    Lightning: the trace holds them as constants too."""
+    forward = getattr(cls, "forward", None)
+    namespace = getattr(forward, "__globals__", None)
+    code = getattr(forward, "__code__", None)
+    if namespace is None or code is None or str(namespace.get("__name__")).startswith(("torch.", "lightning.")):
+        return {}
+    names: set[str] = set()
+    codes = [code]
+    while codes:
+        current = codes.pop()
+        names.update(current.co_names)
+        codes.extend(constant for constant in current.co_consts if isinstance(constant, types.CodeType))
+    module_name = namespace.get("__name__", "")
+    return {(module_name, name): namespace[name] for name in names if isinstance(namespace.get(name), _NUMBERS)}
+
+
+def _global(module_name: str, name: str) -> Any:
+    module = sys.modules.get(module_name)
+    return None if module is None else vars(module).get(name)
+
+
 def _add(values: list[Any], value: Any) -> None:
     if value not in values:
         values.append(value)
@@ -179,6 +208,14 @@ def changed_read(module: torch.nn.Module) -> str | None:
                 f"its forward reads {path}.{name}, which was {values[0]!r} when ORT exported the graph and is "
                 f"{current!r} now; the graph holds the old value as a constant. Fix: {fix}"
             )
+    for (module_name, name), value in reads.globals.items():
+        current = _global(module_name, name)
+        if current != value or type(current) is not type(value):
+            return (
+                f"its forward reads the global {module_name}.{name}, which was {value!r} when ORT exported the graph "
+                f"and is {current!r} now; the graph holds the old value as a constant. Fix: pass the value to "
+                "forward as a tensor, or register it as a buffer"
+            )
     for (key, name, item), values in reads.items.items():
         module, path = reads.modules[key]
         current = _item(getattr(module, name, None), item)
@@ -227,6 +264,7 @@ def to_record(reads: PythonReads) -> dict[str, list[Any]]:
             [reads.modules[key][1], name, [list(pair) for pair in numbers]]
             for (key, name), numbers in reads.containers.items()
         ],
+        "globals": [[module_name, name, value] for (module_name, name), value in reads.globals.items()],
     }
 
 
@@ -261,6 +299,9 @@ def from_record(
         if owner is None:
             return f"the numbers in {path}.{name} are not as when the cached graph was exported"
         containers[(id(owner), name)] = expected
+    for module_name, name, value in record.get("globals", []):
+        if not _is_each(_global(module_name, name), [value]):
+            return f"the global {module_name}.{name} is not {value!r} as when the cached graph was exported"
     tensors: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for path, name in record["tensors"]:
         owner = next((module for module in by_name.get(path, []) if name in vars(module)), None)
@@ -272,6 +313,7 @@ def from_record(
     reads.numbers.update(numbers)
     reads.items.update(items)
     reads.containers.update(containers)
+    reads.globals.update({(module_name, name): value for module_name, name, value in record.get("globals", [])})
     reads.tensors.update(tensors)
     return None
 
