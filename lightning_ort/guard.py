@@ -66,6 +66,21 @@ _MODES_BEFORE_BACKWARD = (
     "free the state that backward needs)"
 )
 
+# What some errors of ORT and of torch's export mean for the user's module, and the fix
+_HINTS = (
+    (
+        "Cannot split using values in 'split' attribute",
+        "the forward splits a dimension whose size changed since the export, as x.unbind(1) or x.split(1, dim=1) "
+        "over the sequence length do; the exported graph keeps the first batch's number of parts. Fix: use tensor "
+        "operations over the whole dimension, or batches of one length",
+    ),
+    (
+        "cond must be a bool, but got a Tensor",
+        "a check in torch's Python code compared sizes the export traces as tensors (F.max_unpool2d's output "
+        "size check does). Fix: keep that layer out of ORT with ORTStrategy(modules=[...])",
+    ),
+)
+
 # The line naming the exception in a traceback ORT embeds in its own error text
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
@@ -235,12 +250,7 @@ class ORTGuard:
                 f" (under {autocast[1]} autocast: this ORT build has no {autocast[1]} kernel for the op; "
                 "precision='32-true' keeps the module in ORT)"
             )
-        if "Cannot split using values in 'split' attribute" in reason:
-            reason += (
-                " (the forward splits a dimension whose size changed since the export, as x.unbind(1) or "
-                "x.split(1, dim=1) over the sequence length do; the exported graph keeps the first batch's number "
-                "of parts. Fix: use tensor operations over the whole dimension, or batches of one length)"
-            )
+        reason += "".join(f" ({hint})" for symptom, hint in _HINTS if symptom in reason)
         graph = "training" if training else "inference"
         if training:
             self.report.fallback_reason = reason

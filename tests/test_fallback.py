@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import assert_losses_match, assert_states_match, fit, fit_both
 from models import (
+    CNN,
     MLP,
     BufferReplacer,
     BufferWriter,
@@ -23,8 +24,10 @@ from models import (
     PythonCounter,
     SparseEmbedding,
     STEModel,
+    image_loader,
     mlp_loader,
 )
+from torch import nn
 
 from lightning_ort import ORTFallbackError, ORTStrategy
 from lightning_ort.guard import _reason
@@ -160,3 +163,23 @@ def test_reason_keeps_what_ort_says_went_wrong() -> None:
     assert _reason(export).endswith(
         "... torch.onnx.errors.SymbolicValueError: Expected node type 'onnx::Constant' for argument 'rounding_mode'"
     )
+
+
+class Unpooled(CNN):
+    """SegNet-style max pooling with indices, then unpooling: torch's size check fails under the export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool, self.unpool = nn.MaxPool2d(2, return_indices=True), nn.MaxUnpool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled, indices = self.pool(x)
+        return super().forward(self.unpool(pooled, indices))
+
+
+def test_unpooling_falls_back_with_what_the_error_means() -> None:
+    eager, ort = fit_both(Unpooled, image_loader, 2)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "F.max_unpool2d's output size check" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
