@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import assert_losses_match, assert_states_match, fit, fit_both
 from models import (
     CNN,
@@ -183,3 +184,24 @@ def test_unpooling_falls_back_with_what_the_error_means() -> None:
     assert report.fallback_reason is not None and "F.max_unpool2d's output size check" in report.fallback_reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class SpectralNormalised(MLP):
+    def __init__(self) -> None:
+        super().__init__()
+        nn.utils.parametrizations.spectral_norm(self.body[0])
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+def test_spectral_norm_falls_back_with_the_reason_and_validates_like_eager() -> None:
+    """Its power iteration writes ``_u`` and ``_v`` in place each training forward (the export failed on it
+    with "Expected node type 'onnx::Constant' for argument 'rounding_mode'")."""
+    eager, ort = fit_both(SpectralNormalised, mlp_loader, 3, val=mlp_loader(), val_check_interval=3)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "spectral_norm parametrization" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)  # _u and _v included
+    val_loss = float(eager.trainer.callback_metrics["val_loss"])
+    assert float(ort.trainer.callback_metrics["val_loss"]) == pytest.approx(val_loss, rel=1e-5)

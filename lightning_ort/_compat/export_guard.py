@@ -351,12 +351,20 @@ def adapter_of(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _check_static_patterns(module: torch.nn.Module) -> None:
-    """Refuse modules with sparse embeddings (forward hooks are checked before every call, guard.py)."""
+    """Refuse modules with sparse embeddings or updating spectral norms (forward hooks are checked before every
+    call, guard.py)."""
     sparse = [name.removeprefix("_original_module.") for name in trace_checks.sparse_embeddings(module)]
     if sparse:
         raise ORTUnsupportedModelError(
             f"embedding layer(s) {', '.join(sparse)} use sparse=True; ORT computes dense gradients. Fix: "
             "sparse=False, or keep them out of ORT with ORTStrategy(modules=[...])"
+        )
+    spectral = [name.removeprefix("_original_module.") for name in trace_checks.updating_spectral_norms(module)]
+    if spectral:
+        raise ORTUnsupportedModelError(
+            f"spectral_norm parametrization(s) {', '.join(spectral)} update their power-iteration vectors (_u, _v) "
+            "in place at every training forward; an ONNX graph cannot write buffers, so they would stop changing "
+            "under ORT. Fix: keep those layers out of ORT with ORTStrategy(modules=[...])"
         )
 
 

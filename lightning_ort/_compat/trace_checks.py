@@ -223,6 +223,13 @@ def sparse_embeddings(module: torch.nn.Module) -> list[str]:
     return [name for name, layer in module.named_modules() if isinstance(layer, layers) and layer.sparse]
 
 
+def updating_spectral_norms(module: torch.nn.Module) -> list[str]:
+    """``parametrizations.spectral_norm`` layers in training mode, which update their ``_u`` and ``_v`` in place."""
+    from torch.nn.utils.parametrizations import _SpectralNorm
+
+    return [name for name, layer in module.named_modules() if isinstance(layer, _SpectralNorm) and layer.training]
+
+
 def hooks_problem(owner: torch.nn.Module, modules: list[torch.nn.Module]) -> str | None:
     """Why Python forward hooks on ``owner``'s submodules (``modules``: ``owner.modules()``) would not
     work under ORT, if there are any (the owner's own hooks run around lightning_ort's forward,
