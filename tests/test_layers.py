@@ -111,3 +111,25 @@ def test_embedding_bag_trains_in_ort_like_eager(make_model: Callable[[], Base]) 
     assert_ort_ran(ort, 5)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class WeightedBags(Bags):
+    """Sum bags with a weight per id."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x.abs() * 7).long().clamp(max=19)[..., 0]
+        return self.head(self.bags(ids, per_sample_weights=x[..., 1].sigmoid()))
+
+
+def test_embedding_bag_with_per_sample_weights_falls_back_with_the_reason() -> None:
+    """ORT's error named a missing ``bag/Loop`` input."""
+
+    def make_model() -> Base:
+        return WeightedBags(lambda: nn.EmbeddingBag(20, 8, mode="sum"), offsets=False)
+
+    eager, ort = fit_both(make_model, lambda: sequence_batches([(4, 6), (2, 9)], 8), 2)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "per_sample_weights" in report.fallback_reason
+    assert "test_layers.py" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -368,15 +368,6 @@ def _check_static_patterns(module: torch.nn.Module) -> None:
         )
 
 
-def _packed_sequences(location: str) -> str:
-    return (
-        f"its forward packs sequences for a recurrent layer at {location} (pack_padded_sequence); ORT cannot train "
-        "recurrent layers over packed sequences. Fix: give the layer the padded batch (a bidirectional layer then "
-        "reads padding at the end of shorter sequences, unlike with packing), or keep the recurrent module out "
-        "of ORT with ORTStrategy(modules=[...])"
-    )
-
-
 @contextlib.contextmanager
 def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     """Run ORT's export of ``module`` safely.
@@ -415,9 +406,9 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         try:
             yield
         except Exception as error:
-            if calls.packed_sequences:
-                log.debug("ORT's export of packed sequences failed", exc_info=error)
-                raise ORTUnsupportedModelError(_packed_sequences(calls.packed_sequences[0])) from None
+            if calls.unsupported:
+                log.debug("ORT's export of a call it cannot train failed", exc_info=error)
+                raise ORTUnsupportedModelError(calls.unsupported[0]) from None
             if torch.utils.checkpoint.CheckpointFunction in functions:
                 # ORT's own message blames export in general; fallback reports show the root cause only.
                 log.debug("ORT's export of a reentrant checkpoint failed", exc_info=error)
@@ -427,8 +418,8 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         # The exporter's own deprecation and graph-rewrite notes are about ORT's export call, not the user's code.
         if not issubclass(record.category, torch.jit.TracerWarning) and not record.filename.startswith(_ONNX_DIR):
             warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
-    if calls.packed_sequences:
-        raise ORTUnsupportedModelError(_packed_sequences(calls.packed_sequences[0]))
+    if calls.unsupported:
+        raise ORTUnsupportedModelError(calls.unsupported[0])
     problem = _functions_problem(functions, exported)
     if problem is not None:
         raise ORTUnsupportedModelError(problem)

@@ -99,11 +99,32 @@ def _splits_varying_dimension(func: Any, args: tuple[Any, ...], kwargs: dict[str
     return not fixed_size(value, dim)
 
 
+def _unsupported(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """What the call does and why ORT cannot train it, with the fix, for the calls it cannot."""
+    name = getattr(func, "__name__", None)
+    if name == "_pack_padded_sequence":
+        return "packs sequences for a recurrent layer", (
+            " (pack_padded_sequence); ORT cannot train recurrent layers over packed sequences. Fix: give the layer the "
+            "padded batch (a bidirectional layer then reads padding at the end of shorter sequences, unlike with "
+            "packing), or keep the recurrent module out of ORT with ORTStrategy(modules=[...])"
+        )
+    if name == "embedding_bag":
+        position = 8 if func is torch.nn.functional.embedding_bag else 6
+        weights = args[position] if len(args) > position else kwargs.get("per_sample_weights")
+        if weights is not None:
+            return "gives an embedding bag per_sample_weights", (
+                "; ORT's export of EmbeddingBag has no per-sample weights. Fix: multiply the looked-up rows "
+                "(F.embedding) by the weights and sum them per bag, or keep that module out of ORT with "
+                "ORTStrategy(modules=[...])"
+            )
+    return None
+
+
 class TracedCalls(torch.overrides.TorchFunctionMode):
     """Records, while the export traces, where (``locate()`` of the caller) code gave a pooling function a
     tensor for a size (:attr:`size_tensors`), split a varying dimension only to count the parts
     (:attr:`counted_splits`, complete once :meth:`check_split_uses` ran as the traced module's forward hook)
-    and packed sequences for a recurrent layer (:attr:`packed_sequences`, which ONNX cannot express).
+    and called what ORT cannot train (:attr:`unsupported`: why, for the error).
 
     ``records`` are the warnings recorded meanwhile (``warnings.catch_warnings(record=True)``); those raised by
     torch's C functions keep naming the code that called them."""
@@ -113,7 +134,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         self.locate, self.records = locate, records
         self.size_tensors: list[str] = []
         self.counted_splits: list[str] = []
-        self.packed_sequences: list[str] = []
+        self.unsupported: list[str] = []
         self._splits: list[tuple[str, tuple[torch.Tensor, ...]]] = []
 
     def __torch_function__(
@@ -123,8 +144,10 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         tracing = torch.jit.is_tracing()
         if tracing and _gives_size_tensor(func, args, kwargs):
             _note(self.size_tensors, self.locate())
-        if tracing and getattr(func, "__name__", None) == "_pack_padded_sequence":
-            _note(self.packed_sequences, self.locate() or "torch")
+        if tracing:
+            problem = _unsupported(func, args, kwargs)
+            if problem is not None:
+                _note(self.unsupported, f"its forward {problem[0]} at {self.locate() or 'torch'}{problem[1]}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         recorded = len(self.records)
         result = func(*args, **kwargs)
