@@ -12,6 +12,9 @@ trained silently differently from eager PyTorch:
   enumerate(x.split(1, dim=1))``) whose parts are never used: only the Python count of the parts
   matters, the trace keeps it as a constant, and the split itself leaves the graph. When a part is
   used, ORT's ``Split`` fails loudly on a batch of another size instead.
+
+It also names calls ORT cannot train, whose own errors said nothing a user could act on: packed
+sequences for a recurrent layer, an EmbeddingBag given ``per_sample_weights``.
 """
 
 from __future__ import annotations
@@ -144,10 +147,9 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         tracing = torch.jit.is_tracing()
         if tracing and _gives_size_tensor(func, args, kwargs):
             _note(self.size_tensors, self.locate())
-        if tracing:
-            problem = _unsupported(func, args, kwargs)
-            if problem is not None:
-                _note(self.unsupported, f"its forward {problem[0]} at {self.locate() or 'torch'}{problem[1]}")
+        problem = _unsupported(func, args, kwargs) if tracing else None
+        if problem is not None:
+            _note(self.unsupported, f"its forward {problem[0]} at {self.locate() or 'torch'}{problem[1]}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         recorded = len(self.records)
         result = func(*args, **kwargs)
