@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from lightning_ort._compat.attention_fusion import fuse_attention
+from lightning_ort._compat.batchnorm_order import check_batch_norm_order
 from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort._compat.channels_last import to_channels_last
 from lightning_ort._compat.concat_fills import pad_constant_fills
@@ -95,6 +96,7 @@ def _prepare_graph_builder_input() -> None:
         info.onnx_graph_input_names_require_grad_user_defined = [
             name for name in info.onnx_graph_input_names_user_defined if name in required
         ]
+        check_batch_norm_order(info._post_export_processed_model)
         if getattr(self, CHANNELS_LAST_ATTR, False):
             to_channels_last(info._post_export_processed_model)
         if getattr(self, UNBIND_ATTR, False):
