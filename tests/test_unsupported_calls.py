@@ -239,3 +239,25 @@ def test_python_number_used_as_a_number_falls_back_naming_the_argument() -> None
     assert "Fix: make such a value a constructor argument" in report.fallback_reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class NumberArgumentAndMissingOperator(Net):
+    """A Python number used correctly (a ``minlength``), and an operator the exporter lacks (``bincount``)."""
+
+    def forward(self, x: torch.Tensor, classes: int) -> torch.Tensor:
+        counts = torch.bincount((x[:, 0] > 0).long(), minlength=classes)
+        return self.b(torch.relu(self.a(x))) * counts.float().mean()
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x, 3), y)
+
+
+def test_a_missing_operator_is_the_reason_even_with_number_arguments() -> None:
+    """The note on Python number arguments came first, sending users after the wrong fix."""
+    eager, ort = fit_both(NumberArgumentAndMissingOperator, mlp_loader, STEPS)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "aten::bincount" in report.fallback_reason
+    assert "Python number argument" not in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

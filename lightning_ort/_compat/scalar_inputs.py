@@ -23,6 +23,7 @@ from typing import Any
 _BOOL_DTYPE = "<class 'bool'>_"  # PrimitiveType.get_primitive_dtype: the type and the value
 
 
+_OWN_REASONS = ("UnsupportedOperatorError", "ORTUnsupportedModelError")
 _NUMBERS_NOTE = (
     "the forward takes the Python number argument(s) {names}, which ORT feeds to its graph as tensors, so "
     "the forward cannot use them as Python numbers (in an `if`, range(), a size). Fix: make such a value a "
@@ -114,9 +115,12 @@ def _export_refusals_name_python_numbers() -> None:
             root: BaseException = error
             while root.__cause__ is not None:
                 root = root.__cause__
-            if numbers and len(root.args) == 1 and isinstance(root.args[0], str):
+            text = root.args[0] if len(root.args) == 1 and isinstance(root.args[0], str) else None
+            # an operator the exporter lacks, or one of lightning_ort's refusals, has a reason of its own (ORT
+            # passes the export's error on as the text of a RuntimeError)
+            if numbers and text is not None and not any(name in text for name in _OWN_REASONS):
                 # the root's text, which is what lightning_ort reports as the reason for the fallback
-                root.args = (_NUMBERS_NOTE.format(names=", ".join(numbers)) + root.args[0],)
+                root.args = (_NUMBERS_NOTE.format(names=", ".join(numbers)) + text,)
             raise
 
     GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
