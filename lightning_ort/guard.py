@@ -109,19 +109,21 @@ def _autocast_state() -> tuple[bool, torch.dtype]:
     return False, torch.float32
 
 
+def _module_tensors(modules: list[torch.nn.Module]) -> Iterator[torch.Tensor | None]:
+    for module in modules:
+        yield from module._parameters.values()
+        yield from module._buffers.values()
+
+
 def _identities(modules: list[torch.nn.Module]) -> tuple[int, ...]:
-    return (
-        *map(id, modules),
-        *(id(value) for module in modules for value in (*module._parameters.values(), *module._buffers.values())),
-    )
+    return (*map(id, modules), *map(id, _module_tensors(modules)))
 
 
 def _layout(modules: list[torch.nn.Module]) -> tuple[Any, ...]:
     """What ORT's graph depends on of the submodules, parameters and buffers (not the tensor objects)."""
-    tensors = [value for module in modules for value in (*module._parameters.values(), *module._buffers.values())]
     return (
         *map(id, modules),
-        *((None if value is None else (value.shape, value.dtype, value.device)) for value in tensors),
+        *((None if value is None else (value.shape, value.dtype, value.device)) for value in _module_tensors(modules)),
     )
 
 

@@ -32,6 +32,7 @@ _NUMBERS = (bool, int, float)
 _IGNORED = frozenset({"training"})
 # Plain containers a forward reads numbers through (a config): their numbers are compared as a whole.
 _CONTAINERS = (dict, list, types.SimpleNamespace, argparse.Namespace)
+_NUMBER_FIX = "pass the value to forward as a tensor, or register it as a buffer"
 _MAX_ITEMS = 1024  # larger ones (a vocabulary) hold no schedule, and comparing them would cost every call
 
 
@@ -200,31 +201,20 @@ def changed_read(module: torch.nn.Module) -> str | None:
     for (key, name), values in reads.numbers.items():
         module, path = reads.modules[key]
         current = getattr(module, name, None)
-        if any(current != value or type(current) is not type(value) for value in values):
-            fix = "pass the value to forward as a tensor, or register it as a buffer"
+        if not _is_each(current, values):
+            fix = _NUMBER_FIX
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and name == "momentum":
                 fix = "none needed when a callback changed it (StochasticWeightAveraging's BatchNorm update does)"
-            return (
-                f"its forward reads {path}.{name}, which was {values[0]!r} when ORT exported the graph and is "
-                f"{current!r} now; the graph holds the old value as a constant. Fix: {fix}"
-            )
+            return _changed_number(f"{path}.{name}", values[0], current, fix)
     for (module_name, name), value in reads.globals.items():
         current = _global(module_name, name)
-        if current != value or type(current) is not type(value):
-            return (
-                f"its forward reads the global {module_name}.{name}, which was {value!r} when ORT exported the graph "
-                f"and is {current!r} now; the graph holds the old value as a constant. Fix: pass the value to "
-                "forward as a tensor, or register it as a buffer"
-            )
+        if not _is_each(current, [value]):
+            return _changed_number(f"the global {module_name}.{name}", value, current)
     for (key, name, item), values in reads.items.items():
         module, path = reads.modules[key]
         current = _item(getattr(module, name, None), item)
-        if any(current != value or type(current) is not type(value) for value in values):
-            return (
-                f"its forward reads {path}.{name}.{item}, which was {values[0]!r} when ORT exported the graph and "
-                f"is {current!r} now; the graph holds the old value as a constant. Fix: pass the value to forward "
-                "as a tensor, or register it as a buffer"
-            )
+        if not _is_each(current, values):
+            return _changed_number(f"{path}.{name}.{item}", values[0], current)
     for (key, name), numbers in reads.containers.items():
         module, path = reads.modules[key]
         if _numbers_in(getattr(module, name, None)) != numbers:
@@ -244,6 +234,13 @@ def changed_read(module: torch.nn.Module) -> str | None:
                 "(self.register_buffer), which ORT reads on every call"
             )
     return None
+
+
+def _changed_number(what: str, was: Any, now: Any, fix: str = _NUMBER_FIX) -> str:
+    return (
+        f"its forward reads {what}, which was {was!r} when ORT exported the graph and is {now!r} now; the graph "
+        f"holds the old value as a constant. Fix: {fix}"
+    )
 
 
 def _holds(module: torch.nn.Module, name: str, values: list[Any]) -> bool:
