@@ -303,6 +303,7 @@ def install() -> None:
         detach,
         distances,
         einsum,
+        feature_dropout,
         indexing,
         layers,
         losses,
@@ -332,6 +333,7 @@ def install() -> None:
     indexing.register()
     distances.register()
     random_ops.register()
+    feature_dropout.register()
     pooling.register()
     reductions.register()
     rnn.register()
