@@ -249,6 +249,7 @@ def aten_ops_sources() -> list[Path]:
         "rnn_ops.cc",
         "einsum_ops.cc",
         "distance_ops.cc",
+        "sampling_ops.cc",
     )
     return [Path(__file__).parent / "csrc" / name for name in names]
 

@@ -317,6 +317,7 @@ def install() -> None:
         reductions,
         rnn,
         rnn_dropout,
+        sampling,
         scalar_inputs,
         split_gradients,
         unbind,
@@ -334,6 +335,7 @@ def install() -> None:
     distances.register()
     random_ops.register()
     feature_dropout.register()
+    sampling.register()
     pooling.register()
     reductions.register()
     rnn.register()

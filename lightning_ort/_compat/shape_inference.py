@@ -32,7 +32,7 @@ import sympy
 from onnx import helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_shape_from_sympy_shape, is_literal
 
-from lightning_ort._compat import activations, indexing, layers, math_ops, upsample
+from lightning_ort._compat import activations, indexing, layers, math_ops, sampling, upsample
 
 Shape = list[Any]  # ints and symbol names; None where unknown
 
@@ -144,6 +144,7 @@ _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None
     **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in layers.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in indexing.SAME_SHAPE_OPERATORS},
+    **sampling.OUTPUT_SHAPES,
 }
 
 
