@@ -79,6 +79,13 @@ _HINTS = (
         "a check in torch's Python code compared sizes the export traces as tensors (F.max_unpool2d's output "
         "size check does). Fix: keep that layer out of ORT with ORTStrategy(modules=[...])",
     ),
+    (
+        "cannot register a hook on a tensor that doesn't require gradient",
+        "the forward registers a gradient hook on a tensor; ORT runs the forward with gradients off to export it, "
+        "and computes the gradients of its graph in one piece without calling Python hooks. Fix: register the hook "
+        "on a tensor forward returns and nothing inside forward uses, or keep that module out of ORT with "
+        "ORTStrategy(modules=[...])",
+    ),
 )
 
 # The line naming the exception in a traceback ORT embeds in its own error text
@@ -115,14 +122,23 @@ def _module_tensors(modules: list[torch.nn.Module]) -> Iterator[torch.Tensor | N
         yield from module._buffers.values()
 
 
+def _code(modules: list[torch.nn.Module]) -> Iterator[int]:
+    """The submodules' classes and the ``forward`` set on an instance, if any: the code the export traced."""
+    for module in modules:
+        yield id(type(module))
+        yield id(module.__dict__.get("forward"))
+
+
 def _identities(modules: list[torch.nn.Module]) -> tuple[int, ...]:
-    return (*map(id, modules), *map(id, _module_tensors(modules)))
+    return (*map(id, modules), *_code(modules), *map(id, _module_tensors(modules)))
 
 
 def _layout(modules: list[torch.nn.Module]) -> tuple[Any, ...]:
-    """What ORT's graph depends on of the submodules, parameters and buffers (not the tensor objects)."""
+    """What ORT's graph depends on of the submodules (their code too), parameters and buffers (not the
+    tensor objects)."""
     return (
         *map(id, modules),
+        *_code(modules),
         *((None if value is None else (value.shape, value.dtype, value.device)) for value in _module_tensors(modules)),
     )
 
@@ -221,7 +237,8 @@ class ORTGuard:
             if graph and _compat.backward_pending(self._ort_module):
                 return False
             log.info(
-                "lightning_ort: submodules or tensor shapes in %s were replaced; ORT exports it again", self.report.name
+                "lightning_ort: submodules, their code or tensor shapes in %s were replaced; ORT exports it again",
+                self.report.name,
             )
             for either in (True, False):
                 _compat.export_again(self._ort_module, either)

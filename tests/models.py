@@ -341,3 +341,49 @@ class HookedFeatures(MLP):
         self.features.clear()
         loss = super().training_step(batch, batch_idx)
         return loss + 0.1 * self.features[-1].pow(2).mean()
+
+
+class BackwardHooked(MLP):
+    """A full backward hook on a submodule halves the gradient flowing into it from the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head.register_full_backward_hook(self.halve)  # a bound method: deep copies keep their own
+
+    def halve(self, module: nn.Module, grad_input: Any, grad_output: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(None if grad is None else grad * 0.5 for grad in grad_input)
+
+
+class TensorHookInForward(MLP):
+    """The forward registers a hook that halves the gradient of its hidden features."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        hidden.register_hook(lambda grad: grad * 0.5)
+        return self.head(hidden)
+
+
+class RequiresGradBranch(MLP):
+    """The forward registers that hook only where gradients flow, as code that also runs in validation does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        if hidden.requires_grad:
+            hidden.register_hook(lambda grad: grad * 0.5)
+        return self.head(hidden)
+
+
+class StoredAuxLoss(MLP):
+    """The forward stores an auxiliary loss on the module, which ``training_step`` adds (MoE style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aux_loss = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        self.aux_loss = hidden.pow(2).mean()
+        return self.head(hidden)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch, batch_idx) + 0.5 * self.aux_loss

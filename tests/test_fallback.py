@@ -14,6 +14,7 @@ from helpers import assert_losses_match, assert_states_match, fit, fit_both
 from models import (
     CNN,
     MLP,
+    BackwardHooked,
     BufferReplacer,
     BufferWriter,
     DataDependent,
@@ -23,8 +24,11 @@ from models import (
     NoGradInForward,
     PerSampleLoop,
     PythonCounter,
+    RequiresGradBranch,
     SparseEmbedding,
     STEModel,
+    StoredAuxLoss,
+    TensorHookInForward,
     image_loader,
     mlp_loader,
 )
@@ -45,10 +49,15 @@ CASES = [
     (SparseEmbedding, "embedding layer(s) embedding use sparse=True"),
     (HookedFeatures, "forward hooks are registered on submodule(s) body"),
     (InPlaceInput, "its forward changes an input tensor in place"),
+    (BackwardHooked, "backward hooks are registered on submodule(s) head"),
+    (TensorHookInForward, "the forward registers a gradient hook on a tensor"),
+    (RequiresGradBranch, "its forward reads Tensor.requires_grad at"),
+    (StoredAuxLoss, "its forward stores tensor(s) self.aux_loss"),
 ]
 IDS = [
     "autograd_function", "data_dependent", "buffer_write", "no_grad", "python_state", "shape_loop", "buffer_replaced",
-    "max_norm", "sparse_embedding", "forward_hook", "in_place_input",
+    "max_norm", "sparse_embedding", "forward_hook", "in_place_input", "backward_hook", "tensor_hook",
+    "requires_grad_branch", "stored_tensor",
 ]  # fmt: skip
 
 

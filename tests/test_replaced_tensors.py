@@ -1,9 +1,11 @@
 """Submodules, parameters and buffers replaced by new objects outside ``forward`` (``self.center = ...`` in
-``training_step``, DINO's centring; a callback swapping a layer): ORT kept reading the objects of its first
-call, so training went on silently with the old values."""
+``training_step``, DINO's centring; a callback swapping a layer), and a submodule's code replaced (its
+``forward`` set on the instance, its class swapped): ORT kept reading the objects of its first call, or
+running the first code, so training went on silently with the old values."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import lightning as L
@@ -27,6 +29,13 @@ class Centre(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.center) * self.scale
+
+
+class Sharpened(Centre):
+    """Another forward for the same state."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x - self.center) * 2.0
 
 
 class Centred(Base):
@@ -54,6 +63,10 @@ class Centred(Base):
                 self.centre = Centre(scale=1.0 + 0.5 * (batch_idx + 1))
             elif self.how == "buffer-shape":  # (3,) -> (1, 3): the graph's input shape changes
                 self.shift = (0.5 * self.shift + 0.5 * mean).reshape(1, 3)
+            elif self.how == "instance-forward" and batch_idx == 1:  # the submodule's code, not its state
+                self.centre.forward = types.MethodType(Sharpened.forward, self.centre)
+            elif self.how == "class" and batch_idx == 1:
+                self.centre.__class__ = Sharpened
         return F.cross_entropy(logits, batch[1])
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -72,7 +85,9 @@ def _batches() -> Any:
     return sequence_batches([(4, 6), (2, 9), (3, 5), (4, 7)], 8)
 
 
-@pytest.mark.parametrize("how", ["own-buffer", "submodule-buffer", "submodule", "buffer-shape"])
+@pytest.mark.parametrize(
+    "how", ["own-buffer", "submodule-buffer", "submodule", "buffer-shape", "instance-forward", "class"]
+)
 def test_state_replaced_in_training_step_is_what_ort_reads(how: str) -> None:
     eager, ort = fit_both(lambda: Centred(how), _batches, STEPS, val=_batches(), val_check_interval=2)
     assert_ort_ran(ort, STEPS)

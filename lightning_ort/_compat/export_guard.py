@@ -259,6 +259,7 @@ def _record_grad_disabling() -> Iterator[list[str]]:
 
 
 _PLAIN = (bool, int, float, str, type(None))
+_MISSING = object()
 
 
 def _python_state(module: torch.nn.Module) -> dict[tuple[int, str], object]:
@@ -273,20 +274,63 @@ def _python_state(module: torch.nn.Module) -> dict[tuple[int, str], object]:
     return state
 
 
-@contextlib.contextmanager
-def _record_python_state_changes(module: torch.nn.Module) -> Iterator[list[str]]:
-    """Attributes the traced forward changes: the ORT graph would never run that code again."""
-    names = {id(submodule): name.removeprefix("_original_module") for name, submodule in module.named_modules()}
-    before = _python_state(module)
-    changed: list[str] = []
+def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[int, str], torch.Tensor]:
+    """Plain tensor attributes (not parameters or buffers) of the user's modules."""
+    return {
+        (id(submodule), name): value
+        for submodule in module.modules()
+        if submodule is not module
+        for name, value in vars(submodule).items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _computed_from_inputs(tensor: torch.Tensor) -> bool:
+    """Whether the open trace computes ``tensor`` from the graph's inputs (the batch, the parameters),
+    not from constants alone (a causal mask cached on first use)."""
     try:
-        yield changed
+        values = [torch._C._get_value_trace(tensor)]
+    except RuntimeError:  # not part of the trace
+        return False
+    seen = {values[0].unique()}
+    while values:
+        node = values.pop().node()
+        if node.kind() == "prim::Param":
+            return True
+        for value in node.inputs():
+            if value.unique() not in seen:
+                seen.add(value.unique())
+                values.append(value)
+    return False
+
+
+@contextlib.contextmanager
+def _record_python_state_changes(module: torch.nn.Module) -> Iterator[tuple[list[str], list[str]]]:
+    """Attributes the traced forward changes, and tensors computed from its inputs that it stores on a
+    module (an auxiliary loss read after forward): the ORT graph would never run that code again."""
+    names = {id(submodule): name.removeprefix("_original_module") for name, submodule in module.named_modules()}
+
+    def where(key: tuple[int, str]) -> str:
+        return f"{names.get(key[0], '').lstrip('.') or 'self'}.{key[1]}"
+
+    before, tensors_before = _python_state(module), _tensor_attributes(module)
+    changed: list[str] = []
+    stored: list[str] = []
+
+    def check_stored(traced: torch.nn.Module, args: Any, output: Any) -> None:  # while the trace is open
+        if torch.jit.is_tracing():
+            stored.extend(
+                where(key)
+                for key, value in _tensor_attributes(module).items()
+                if tensors_before.get(key) is not value and _computed_from_inputs(value) and where(key) not in stored
+            )
+
+    handle = module.register_forward_hook(check_stored)
+    try:
+        yield changed, stored
     finally:
-        after = _python_state(module)
-        for key, value in after.items():
-            if key not in before or before[key] != value:
-                owner, attribute = key
-                changed.append(f"{names.get(owner, '').lstrip('.') or 'self'}.{attribute}")
+        handle.remove()
+        changed.extend(where(key) for key, value in _python_state(module).items() if before.get(key, _MISSING) != value)
 
 
 def _count_batch_norm_calls(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
@@ -402,7 +446,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         stack.enter_context(attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
         no_grad_regions = stack.enter_context(_record_grad_disabling())
-        python_changes = stack.enter_context(_record_python_state_changes(module))
+        python_changes, stored_tensors = stack.enter_context(_record_python_state_changes(module))
         try:
             yield
         except Exception as error:
@@ -433,6 +477,12 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         raise ORTUnsupportedModelError(
             f"its forward changes Python attribute(s) {', '.join(python_changes)}; ORT runs the traced graph "
             "and would never run that code again"
+        )
+    if stored_tensors:
+        raise ORTUnsupportedModelError(
+            f"its forward stores tensor(s) {', '.join(stored_tensors)} on the module; ORT computes them inside its "
+            "graph and would never assign them again, so code reading them after forward would see the export's. "
+            "Fix: return them from forward"
         )
     if mutated:
         raise ORTUnsupportedModelError(

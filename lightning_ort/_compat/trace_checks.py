@@ -230,28 +230,55 @@ def updating_spectral_norms(module: torch.nn.Module) -> list[str]:
     return [name for name, layer in module.named_modules() if isinstance(layer, _SpectralNorm) and layer.training]
 
 
+def _forward_hooks(module: torch.nn.Module) -> list[Any]:
+    return [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+
+
+def _backward_hooks(module: torch.nn.Module) -> list[Any]:
+    return [*module._backward_hooks.values(), *module._backward_pre_hooks.values()]
+
+
 def hooks_problem(owner: torch.nn.Module, modules: list[torch.nn.Module]) -> str | None:
-    """Why Python forward hooks on ``owner``'s submodules (``modules``: ``owner.modules()``) would not
-    work under ORT, if there are any (the owner's own hooks run around lightning_ort's forward,
-    outside ORT, as in eager)."""
+    """Why Python hooks on ``owner``'s submodules (``modules``: ``owner.modules()``) would not work
+    under ORT, if there are any (the owner's own hooks run around lightning_ort's forward, outside
+    ORT, as in eager): forward hooks run during the export only, backward hooks never, since ORT
+    computes the submodules' gradients inside its graph."""
     from torch.nn.modules import module as torch_module
 
-    global_hooks = torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+    global_forward = torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+    global_backward = torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks
     # runs before every call: the common case (no hooks) without building names
-    if not global_hooks and not any(
-        submodule._forward_hooks or submodule._forward_pre_hooks for submodule in modules if submodule is not owner
+    if (
+        not global_forward
+        and not global_backward
+        and not any(
+            submodule._forward_hooks or submodule._forward_pre_hooks or _backward_hooks(submodule)
+            for submodule in modules
+            if submodule is not owner
+        )
     ):
         return None
-    hooked = []
+    forward, backward = [], []
     for name, submodule in owner.named_modules():
-        hooks: list[Any] = [*submodule._forward_hooks.values(), *submodule._forward_pre_hooks.values()]
-        if submodule is not owner and any(not isinstance(hook, _TRACEABLE_HOOKS) for hook in hooks):
-            hooked.append(name)
-    if not hooked and not global_hooks:
+        if submodule is owner:
+            continue
+        if any(not isinstance(hook, _TRACEABLE_HOOKS) for hook in _forward_hooks(submodule)):
+            forward.append(name)
+        if _backward_hooks(submodule):
+            backward.append(name)
+    fix = "Fix: return the tensors from forward instead, or keep that module out of ORT with ORTStrategy(modules=[...])"
+    if backward or global_backward:
+        where = (
+            f"submodule(s) {', '.join(backward)}" if backward else "every module (register_module_full_backward_hook)"
+        )
+        return (
+            f"backward hooks are registered on {where}; ORT computes the gradients of its graph in one piece "
+            f"and calls no Python hook of a submodule, so the hooks would never see or change them. {fix}"
+        )
+    if not forward and not global_forward:
         return None
-    where = f"submodule(s) {', '.join(hooked)}" if hooked else "every module (register_module_forward_hook)"
+    where = f"submodule(s) {', '.join(forward)}" if forward else "every module (register_module_forward_hook)"
     return (
         f"forward hooks are registered on {where}; ORT runs the traced graph and calls no Python hook after "
-        "the export, so what a hook captures would be stale. Fix: return the tensors from forward instead, or "
-        "keep that module out of ORT with ORTStrategy(modules=[...])"
+        f"the export, so what a hook captures would be stale. {fix}"
     )

@@ -14,7 +14,11 @@ trained silently differently from eager PyTorch:
   used, ORT's ``Split`` fails loudly on a batch of another size instead.
 
 It also names calls ORT cannot train, whose own errors said nothing a user could act on: packed
-sequences for a recurrent layer, an EmbeddingBag given ``per_sample_weights``.
+sequences for a recurrent layer, an EmbeddingBag given ``per_sample_weights``; and gradient hooks
+on the forward's tensors (``h.register_hook(...)``, ``retain_grad()``), which left nothing in the
+graph and silently never ran, and reads of ``Tensor.requires_grad`` in the user's code: the export
+runs with gradients off, so a branch on it (``if h.requires_grad: h.register_hook(...)``) took the
+no-gradient path for good.
 """
 
 from __future__ import annotations
@@ -39,6 +43,13 @@ _POOLING = frozenset(
 _LP_POOL_SIZES = (frozenset({2, 3}), frozenset({"kernel_size", "stride"}))
 # Splits whose number of parts follows the size of the dimension split: the position of their ``dim``.
 _COUNTED_SPLITS = {"unbind": 1, "split": 2, "unsafe_split": 2, "chunk": 2, "unsafe_chunk": 2}
+_GRADIENT_HOOKS = frozenset({"register_hook", "retain_grad", "register_post_accumulate_grad_hook"})
+_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
+_REQUIRES_GRAD_READ = (
+    "; ORT exports the forward with gradients off, so every tensor reads False there and the graph keeps the "
+    "branch for no gradients. Fix: decide with a flag the module keeps (self.training), or keep that module "
+    "out of ORT with ORTStrategy(modules=[...])"
+)
 
 
 @functools.cache
@@ -111,6 +122,12 @@ def _unsupported(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
             "padded batch (a bidirectional layer then reads padding at the end of shorter sequences, unlike with "
             "packing), or keep the recurrent module out of ORT with ORTStrategy(modules=[...])"
         )
+    if name in _GRADIENT_HOOKS:
+        return "registers a gradient hook on a tensor", (
+            f" ({name}); ORT computes the gradients of its graph in one piece and calls no Python hook inside it, "
+            "so the hook would never see or change them. Fix: register the hook on a tensor forward returns "
+            "and that nothing inside forward uses, or keep that module out of ORT with ORTStrategy(modules=[...])"
+        )
     if name == "embedding_bag":
         position = 8 if func is torch.nn.functional.embedding_bag else 6
         weights = args[position] if len(args) > position else kwargs.get("per_sample_weights")
@@ -150,6 +167,10 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         problem = _unsupported(func, args, kwargs) if tracing else None
         if problem is not None:
             _note(self.unsupported, f"its forward {problem[0]} at {self.locate() or 'torch'}{problem[1]}")
+        if tracing and getattr(func, "__self__", None) is _REQUIRES_GRAD:
+            location = self.locate()  # torch's own checks (attention's fast path) are not the user's branches
+            if location is not None:
+                _note(self.unsupported, f"its forward reads Tensor.requires_grad at {location}{_REQUIRES_GRAD_READ}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         recorded = len(self.records)
         result = func(*args, **kwargs)
