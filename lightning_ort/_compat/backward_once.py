@@ -11,6 +11,11 @@ Under ``create_graph=True`` (gradient penalties, double backward) the gradients 
 plain tensors without a history: the penalty built from them trained as if its gradient were zero,
 silently. They now carry a node that raises :class:`ORTUnsupportedModelError` when differentiated.
 
+ORT marks its outputs that need no gradient one ``mark_non_differentiable`` call each, and each call
+replaces the last one's: with two or more such outputs (two slices of an input, two detached
+activations) the others got a gradient in backward, and ORT's assertion failed. They are marked
+together.
+
 The run states whose backward has not run yet are also tracked (:func:`backward_pending`): building
 new graphs while one is pending (a forward in eval mode, then one in train mode, one loss over both)
 made the pending backward run on freed state, and the process died with SIGSEGV.
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from lightning_ort._compat.unused_outputs import drop_unused_gradients
 from lightning_ort.errors import ORTUnsupportedModelError
 
 _FIX = (
@@ -72,7 +78,7 @@ def _checked_backward(original: Any, manager: Any) -> Any:
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
         if ctx.run_info is not None and not hasattr(ctx.run_info, "state"):
             raise ORTUnsupportedModelError(SECOND_BACKWARD.format(name=_module_name(manager)))
-        grads = original(ctx, *grad_outputs)
+        grads = drop_unused_gradients(manager, grad_outputs, original(ctx, *grad_outputs))
         # autograd runs a Function's backward with grad mode on exactly when create_graph=True
         if not torch.is_grad_enabled() or all(grad is None for grad in grads):
             return grads
@@ -82,10 +88,13 @@ def _checked_backward(original: Any, manager: Any) -> Any:
     return backward
 
 
-def _tracked_forward(original: Any, pending: weakref.WeakSet[Any]) -> Any:
+def _tracked_forward(original: Any, pending: weakref.WeakSet[Any], manager: Any) -> Any:
     @functools.wraps(original)
     def forward(ctx: Any, *inputs: Any) -> Any:
         outputs = original(ctx, *inputs)
+        constant = manager._graph_info.output_grad_indices_non_differentiable
+        if len(constant) > 1:  # ORT marks them one call each, and each call replaces the last one's
+            ctx.mark_non_differentiable(*(outputs[index] for index in constant))
         if getattr(ctx, "run_info", None) is not None:
             pending.add(ctx.run_info)  # lives as long as the autograd graph that can still run backward
         return outputs
@@ -112,7 +121,7 @@ def install() -> None:
         if pending is None:
             pending = weakref.WeakSet()
             setattr(self, _PENDING_ATTR, pending)
-        function.forward = staticmethod(_tracked_forward(function.forward, pending))
+        function.forward = staticmethod(_tracked_forward(function.forward, pending, self))
         function.backward = staticmethod(_checked_backward(function.backward, self))
         return function
 
