@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Between, sequence_batches
+from models import Base, Between, sequence_batches
+from torch import nn
 from torch.utils.data import DataLoader
 
 # repeated targets: 1 twice, 7 three times (4, 5 and 6 never)
@@ -96,5 +99,39 @@ def test_refused_indexing_falls_back_with_reason(
     eager, ort = fit_both(lambda: Between(function), sequences, 4)
     reasons = [report.fallback_reason for report in ort.reports]
     assert reasons and all(reason is not None and operator in reason for reason in reasons), reasons
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class InterleavedPositions(Base):
+    """Token embeddings times interleaved rotary-style frequencies (``repeat_interleave(2, dim=-1)``,
+    GPT-J/ESM style): torch's export of that turned the trace's shared constant -1, the Embedding's
+    ``padding_idx`` among others, into 1, and token 1 stopped getting gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(ids)
+        freqs = torch.arange(x.shape[1], dtype=torch.float32)[:, None] * torch.linspace(0.1, 1.0, 4)
+        return self.head((x * freqs.repeat_interleave(2, dim=-1).cos()).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def _tokens() -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randint(0, 10, (n, t), generator=generator), torch.randint(0, 3, (n,), generator=generator))
+        for n, t in ((4, 6), (3, 9), (4, 5))
+    ]
+    return DataLoader(batches, batch_size=None)
+
+
+def test_repeat_interleave_over_a_negative_dim_leaves_other_constants_alone() -> None:
+    eager, ort = fit_both(InterleavedPositions, _tokens, max_steps=3)
+    assert_ort_ran(ort, 3)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -127,6 +127,10 @@ def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None, output_
     sizes = symbolic_helper._get_tensor_sizes(repeats) if symbolic_helper._is_value(repeats) else None
     rank = symbolic_helper._get_tensor_rank(self)
     if sizes is None or len(sizes) != 1 or sizes == [1] or symbolic_helper._is_value(axis) or rank is None:
+        if axis is not None and not symbolic_helper._is_value(axis):
+            # torch's symbolic adds the rank to a negative dim in place, on the tensor of the trace's one
+            # shared constant -1: every other -1 of the graph (an Embedding's padding_idx) became 1
+            dim = constant(g, axis % rank if rank is not None else axis, torch.int64)
         return symbolic_opset13.repeat_interleave(g, self, repeats, dim, output_size)
     if axis is None:  # over the flattened input
         self, axis, rank = g.op("Reshape", self, constant(g, [-1], torch.int64)), 0, 1
