@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import types
 import warnings
 from typing import Any
@@ -86,6 +88,30 @@ def test_raise_stops_with_reason(model_cls: type, reason: str) -> None:
 
 
 TEMPERATURE = 1.0  # a module-level number Schedule changes
+SCHEDULE = {"temperature": 1.0}  # and a module-level dict
+
+
+class Mode(enum.Enum):
+    SOFT = 1
+    SHARP = 2
+
+
+@dataclasses.dataclass
+class Config:
+    temperature: float = 1.0
+
+
+class PlainConfig:
+    def __init__(self) -> None:
+        self.temperature = 1.0
+
+
+_CONFIGS = {
+    "config-dict": lambda: {"temperature": 1.0},
+    "config-nested": lambda: {"schedule": {"temperature": 1.0}},
+    "config-dataclass": Config,
+    "config-object": PlainConfig,
+}
 
 
 class Scheduled(MLP):
@@ -99,7 +125,8 @@ class Scheduled(MLP):
         self.source = source
         self.temperature = temperature
         self.scale = torch.ones(())
-        self.config = {"temperature": 1.0} if source == "config-dict" else types.SimpleNamespace(temperature=1.0)
+        self.config = _CONFIGS.get(source, lambda: types.SimpleNamespace(temperature=1.0))()
+        self.mode, self.emode, self.maybe = "soft", Mode.SOFT, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         factors: dict[str, Any] = {
@@ -110,7 +137,15 @@ class Scheduled(MLP):
             "hparams-item": lambda: self.hparams["temperature"],
             "config-dict": lambda: self.config["temperature"],
             "config-namespace": lambda: self.config.temperature,
+            "config-nested": lambda: self.config["schedule"]["temperature"],
+            "config-dataclass": lambda: self.config.temperature,
+            "config-object": lambda: self.config.temperature,
+            "mode-string": lambda: 1.0 if self.mode == "soft" else 1.5,
+            "mode-enum": lambda: 1.0 if self.emode is Mode.SOFT else 1.5,
+            "maybe-none": lambda: 1.0 if self.maybe is None else self.maybe,
+            "getattr-default": lambda: getattr(self, "late", 1.0),
             "global": lambda: TEMPERATURE,
+            "global-dict": lambda: SCHEDULE["temperature"],
             "tensor": lambda: self.scale,
         }
         return self.head(self.body(x)) * factors[self.source]()
@@ -123,10 +158,16 @@ class Schedule(L.Callback):
         if pl_module.source == "global":  # forward names it in every case: changed, it hands any to PyTorch
             global TEMPERATURE
             TEMPERATURE = 1.0 + 0.1 * index
+        if pl_module.source == "global-dict":
+            SCHEDULE["temperature"] = 1.0 + 0.1 * index
         if isinstance(pl_module.config, dict):
-            pl_module.config["temperature"] = 1.0 + 0.1 * index
+            inner = pl_module.config.get("schedule", pl_module.config)
+            inner["temperature"] = 1.0 + 0.1 * index
         else:
             pl_module.config.temperature = 1.0 + 0.1 * index
+        if index >= 1:  # the export (at index 0) saw the first values; an attribute "late" missing
+            pl_module.mode, pl_module.emode, pl_module.maybe = "sharp", Mode.SHARP, 1.0 + 0.1 * index
+            pl_module.late = 1.0 + 0.1 * index
 
 
 @pytest.mark.parametrize(
@@ -137,9 +178,17 @@ class Schedule(L.Callback):
         ("attribute", "reads self.temperature, which was 1.0 when ORT exported the graph and is 1.1 now"),
         ("hparams", "reads self.hparams.temperature, which was 1.0 when ORT exported the graph and is 1.1 now"),
         ("hparams-item", "reads self.hparams.temperature, which was 1.0 when ORT exported the graph and is 1.1"),
-        ("config-dict", "reads self.config, whose numbers changed after ORT exported the graph"),
-        ("config-namespace", "reads self.config, whose numbers changed after ORT exported the graph"),
+        ("config-dict", "reads self.config, whose values changed after ORT exported the graph"),
+        ("config-namespace", "reads self.config, whose values changed after ORT exported the graph"),
+        ("config-nested", "reads self.config, whose values changed after ORT exported the graph"),
+        ("config-dataclass", "reads self.config, whose values changed after ORT exported the graph"),
+        ("config-object", "reads self.config, whose values changed after ORT exported the graph"),
+        ("mode-string", "reads self.mode, which was 'soft' when ORT exported the graph and is 'sharp' now"),
+        ("mode-enum", "reads self.emode, which was '<test_fallback.Mode.SOFT>' when ORT exported the graph"),
+        ("maybe-none", "reads self.maybe, which was None when ORT exported the graph and is 1.1 now"),
+        ("getattr-default", "reads self.late, which was missing when ORT exported the graph and is 1.1 now"),
         ("global", "reads the global test_fallback.TEMPERATURE, which was 1.0 when ORT exported the graph and is 1.1"),
+        ("global-dict", "reads the global test_fallback.SCHEDULE, whose values changed after ORT exported the graph"),
         ("tensor", "reads the plain tensor attribute self.scale, which changed after ORT exported the graph"),
     ],
 )

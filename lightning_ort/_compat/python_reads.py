@@ -4,8 +4,10 @@ The export runs ``forward`` once under the TorchScript tracer: a number read fro
 (``self.global_step``, a temperature set by a callback, ``nn.Dropout``'s ``p`` changed by a
 schedule) or a plain tensor attribute (not a parameter or buffer) becomes a constant of ORT's graph,
 as does a number read through one: ``self.hparams.temperature``, ``self.trainer.global_step``, a
-config held as a dict, list or namespace (``self.cfg.scale``), and a module-level number a forward
-method names.
+config held as a dict, list, tuple, namespace, dataclass or other plain object (``self.cfg.scale``,
+nested ones too), and a module-level number or container a forward method names. Strings, enums and
+``None`` count as such values (``if self.mode == "sharp"``), and so does an attribute missing when
+the trace looked for it (``getattr(self, "scale", 1.0)``).
 If the value changes later, eager PyTorch computes with the new one and ORT's graph with the old
 one, silently. :func:`recorded_reads` records what the trace read, and :func:`changed_read` tells,
 before each call, whether one of those values has changed since.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import enum
 import functools
 import sys
 import types
@@ -28,28 +32,35 @@ import torch
 from lightning_ort._compat import trace_checks
 
 _NUMBERS = (bool, int, float)
+# Values a branch or a constant of the graph can depend on besides numbers (compared by value)
+_OTHER_VALUES = (str, type(None), enum.Enum)
 # Set by Lightning and lightning_ort, or kept in sync with the graph by other means (train/eval modes).
 _IGNORED = frozenset({"training"})
-# Plain containers a forward reads numbers through (a config): their numbers are compared as a whole.
-_CONTAINERS = (dict, list, types.SimpleNamespace, argparse.Namespace)
+# Plain containers a forward reads values through (a config): their values are compared as a whole.
+_CONTAINERS = (dict, list, tuple, types.SimpleNamespace, argparse.Namespace)
+# Libraries whose objects a module holds without being its configuration (Lightning's trainer and loggers)
+_LIBRARIES = ("torch", "lightning", "onnxruntime", "numpy", "builtins", "jsonargparse", "torchmetrics")
 _NUMBER_FIX = "pass the value to forward as a tensor, or register it as a buffer"
 _MAX_ITEMS = 1024  # larger ones (a vocabulary) hold no schedule, and comparing them would cost every call
+_MAX_DEPTH = 4
+# What an attribute missing when the trace looked for it is recorded as
+ABSENT = "<absent>"
 
 
 @dataclass
 class PythonReads:
-    """Module attributes a traced forward read: numbers by value, plain tensors by identity and version;
-    numbers read through a module's ``hparams`` or ``trainer`` (``items``, by module, attribute and key) or
-    held by a plain container attribute (``containers``: all its numbers)."""
+    """Module attributes a traced forward read: plain values by value (:func:`plain`), plain tensors by
+    identity and version; numbers read through a module's ``hparams`` or ``trainer`` (``items``, by module,
+    attribute and key) or held by a plain container attribute (``containers``: all its values, by path)."""
 
     modules: dict[int, tuple[torch.nn.Module, str]] = field(default_factory=dict)
     numbers: dict[tuple[int, str], list[Any]] = field(default_factory=dict)
     tensors: dict[tuple[int, str], list[tuple[int, int]]] = field(default_factory=dict)
     items: dict[tuple[int, str, str], list[Any]] = field(default_factory=dict)
-    containers: dict[tuple[int, str], list[tuple[Any, Any]]] = field(default_factory=dict)
+    containers: dict[tuple[int, str], list[list[Any]]] = field(default_factory=dict)
     # id of an hparams or trainer object read during the trace -> the module and attribute it was read from
     watched: dict[int, tuple[int, str]] = field(default_factory=dict)
-    # module-level numbers the user's forward methods name: (the Python module's name, the global's) -> value
+    # module-level values the user's forward methods name: (the Python module's name, the global's) -> snapshot
     globals: dict[tuple[str, str], Any] = field(default_factory=dict)
 
 
@@ -77,8 +88,8 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
         value = original(self, name)
         if name in _IGNORED or not torch.jit.is_tracing() or id(self) not in modules:
             return value
-        if isinstance(value, _NUMBERS):
-            _add(reads.numbers.setdefault((id(self), name), []), value)
+        if isinstance(value, _NUMBERS) or (isinstance(value, _OTHER_VALUES) and _public(name)):
+            _add(reads.numbers.setdefault((id(self), name), []), plain(value))
         elif (
             type(value) is torch.Tensor
             and name in original(self, "__dict__")
@@ -89,9 +100,24 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
             # the name the user reads it by (hparams, trainer) over the one its property reads (_hparams)
             if reads.watched.get(id(value), ("", "_"))[1].startswith("_"):
                 reads.watched[id(value)] = (id(self), name)
-        elif isinstance(value, _CONTAINERS) and name not in _internal_names() and _size(value) <= _MAX_ITEMS:
-            reads.containers.setdefault((id(self), name), _numbers_in(value))
+        elif _is_config(value) and name not in _internal_names():
+            values = values_in(value)
+            if values is not None:
+                reads.containers.setdefault((id(self), name), values)
         return value
+
+    original_getattr = torch.nn.Module.__getattr__
+
+    def __getattr__(self: torch.nn.Module, name: str) -> Any:
+        """After ``__getattribute__``: parameters, buffers, submodules; else the attribute is missing (unless
+        the class's own ``__getattr__`` looks further, as lightning_ort's adapter does in its owner)."""
+        try:
+            return original_getattr(self, name)
+        except AttributeError:
+            mine = type(self).__getattr__ is __getattr__
+            if mine and torch.jit.is_tracing() and id(self) in modules and _public(name):
+                _add(reads.numbers.setdefault((id(self), name), []), ABSENT)
+            raise
 
     def record_item(container: Any, key: Any, value: Any) -> None:
         where = reads.watched.get(id(container))
@@ -111,6 +137,7 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(torch.nn.Module, "__getattribute__", __getattribute__))
+        stack.enter_context(_patched(torch.nn.Module, "__getattr__", __getattr__))
         for cls, name in (
             (AttributeDict, "__getattr__"),
             (AttributeDict, "__getitem__"),
@@ -136,8 +163,8 @@ def _patched(cls: type, name: str, function: Any) -> Iterator[None]:
 
 
 def _global_numbers(cls: type) -> dict[tuple[str, str], Any]:
-    """The module-level numbers ``cls.forward`` names (``x / TEMPERATURE``), for a class outside torch and
-    Lightning: the trace holds them as constants too."""
+    """Snapshots of the module-level values ``cls.forward`` names (``x / TEMPERATURE``, ``SCHEDULE["scale"]``),
+    for a class outside torch and Lightning: the trace holds them as constants too."""
     forward = getattr(cls, "forward", None)
     namespace = getattr(forward, "__globals__", None)
     code = getattr(forward, "__code__", None)
@@ -150,7 +177,19 @@ def _global_numbers(cls: type) -> dict[tuple[str, str], Any]:
         names.update(current.co_names)
         codes.extend(constant for constant in current.co_consts if isinstance(constant, types.CodeType))
     module_name = namespace.get("__name__", "")
-    return {(module_name, name): namespace[name] for name in names if isinstance(namespace.get(name), _NUMBERS)}
+    snapshots = {(module_name, name): snapshot(namespace[name]) for name in names if name in namespace}
+    return {key: value for key, value in snapshots.items() if value is not None}
+
+
+def snapshot(value: Any) -> Any:
+    """A global's value as the graph may hold it: a number (or a string, an enum, None), or the values of
+    a plain container; None for anything else (a function, a class, a Python module)."""
+    if isinstance(value, (*_NUMBERS, *_OTHER_VALUES)) and value is not None:
+        return plain(value)
+    if isinstance(value, _CONTAINERS) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        values = values_in(value)
+        return None if values is None else {"values": values}
+    return None
 
 
 def _global(module_name: str, name: str) -> Any:
@@ -171,21 +210,57 @@ def _internal_names() -> frozenset[str]:
     return frozenset({"__dict__", *vars(torch.nn.Module()), *vars(LightningModule())})
 
 
-def _size(container: Any) -> int:
-    return len(container if isinstance(container, (dict, list)) else vars(container))
+def _public(name: str) -> bool:
+    return not name.startswith("_") and name not in _internal_names()
 
 
-def _numbers_in(container: Any) -> list[tuple[Any, Any]]:
-    """The numbers a plain container holds directly, with their keys (indices, names)."""
+def plain(value: Any) -> Any:
+    """``value`` as recorded and compared: an enum member as its qualified name, the rest as it is."""
+    if isinstance(value, enum.Enum):
+        return f"<{type(value).__module__}.{type(value).__qualname__}.{value.name}>"
+    return value
+
+
+def _is_config(value: Any) -> bool:
+    """Whether ``value`` is a plain container or a configuration object (a dataclass, an instance of a
+    user's class), whose values a forward may read: not a module, tensor, function or library object."""
+    if isinstance(value, _CONTAINERS):
+        return True
+    if isinstance(value, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, types.ModuleType)):
+        return False
+    if dataclasses.is_dataclass(value):
+        return True
+    return hasattr(value, "__dict__") and not type(value).__module__.startswith(_LIBRARIES)
+
+
+def _items(container: Any) -> Any:
     if isinstance(container, Mapping):
-        items: Any = container.items()
-    elif isinstance(container, list):
-        items = enumerate(container)
-    elif isinstance(container, (types.SimpleNamespace, argparse.Namespace)):
-        items = vars(container).items()
-    else:
-        return []
-    return [(key, value) for key, value in items if isinstance(value, _NUMBERS)]
+        return container.items()
+    if isinstance(container, (list, tuple)):
+        return enumerate(container)
+    return vars(container).items()
+
+
+def values_in(container: Any) -> list[list[Any]] | None:
+    """The plain values ``container`` holds, nested containers included, as ``[path, value]`` pairs; None
+    when it holds more than ``_MAX_ITEMS`` entries (a vocabulary holds no schedule)."""
+    values: list[list[Any]] = []
+    pending: list[tuple[list[Any], Any]] = [([], container)]
+    seen = {id(container)}
+    count = 0
+    while pending:
+        path, current = pending.pop(0)
+        for item, value in _items(current):
+            key = item if isinstance(item, (str, int)) else repr(plain(item))  # kept as JSON with a cached export
+            count += 1
+            if count > _MAX_ITEMS:
+                return None
+            if isinstance(value, (*_NUMBERS, *_OTHER_VALUES)):
+                values.append([[*path, key], plain(value)])
+            elif len(path) < _MAX_DEPTH and id(value) not in seen and _is_config(value):
+                seen.add(id(value))
+                pending.append(([*path, key], value))
+    return values
 
 
 def _item(container: Any, key: str) -> Any:
@@ -200,29 +275,27 @@ def changed_read(module: torch.nn.Module) -> str | None:
         return None
     for (key, name), values in reads.numbers.items():
         module, path = reads.modules[key]
-        current = getattr(module, name, None)
+        current = plain(getattr(module, name, ABSENT))
         if not _is_each(current, values):
             fix = _NUMBER_FIX
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and name == "momentum":
                 fix = "none needed when a callback changed it (StochasticWeightAveraging's BatchNorm update does)"
             return _changed_number(f"{path}.{name}", values[0], current, fix)
     for (module_name, name), value in reads.globals.items():
-        current = _global(module_name, name)
-        if not _is_each(current, [value]):
+        current = snapshot(_global(module_name, name))
+        if current != value or type(current) is not type(value):
+            if isinstance(value, dict):
+                return _changed_values(f"the global {module_name}.{name}", value["values"])
             return _changed_number(f"the global {module_name}.{name}", value, current)
     for (key, name, item), values in reads.items.items():
         module, path = reads.modules[key]
         current = _item(getattr(module, name, None), item)
         if not _is_each(current, values):
             return _changed_number(f"{path}.{name}.{item}", values[0], current)
-    for (key, name), numbers in reads.containers.items():
+    for (key, name), recorded in reads.containers.items():
         module, path = reads.modules[key]
-        if _numbers_in(getattr(module, name, None)) != numbers:
-            return (
-                f"its forward reads {path}.{name}, whose numbers changed after ORT exported the graph "
-                f"(they were {dict(numbers)!r}); the graph holds the numbers it read as constants. Fix: pass such "
-                "values to forward as tensors, or register them as buffers"
-            )
+        if _current_values(getattr(module, name, None)) != recorded:
+            return _changed_values(f"{path}.{name}", recorded)
     for (key, name), tensors in reads.tensors.items():
         module, path = reads.modules[key]
         current = getattr(module, name, None)
@@ -237,18 +310,36 @@ def changed_read(module: torch.nn.Module) -> str | None:
 
 
 def _changed_number(what: str, was: Any, now: Any, fix: str = _NUMBER_FIX) -> str:
+    def shown(value: Any) -> str:
+        return "missing" if value == ABSENT else repr(value)
+
     return (
-        f"its forward reads {what}, which was {was!r} when ORT exported the graph and is {now!r} now; the graph "
-        f"holds the old value as a constant. Fix: {fix}"
+        f"its forward reads {what}, which was {shown(was)} when ORT exported the graph and is {shown(now)} now; the "
+        f"graph holds the old value as a constant. Fix: {fix}"
+    )
+
+
+def _changed_values(what: str, recorded: list[list[Any]]) -> str:
+    was = {".".join(map(str, where)): value for where, value in recorded}
+    return (
+        f"its forward reads {what}, whose values changed after ORT exported the graph (they were {was!r}); the "
+        "graph holds the values it read as constants. Fix: pass such values to forward as tensors, or register "
+        "them as buffers"
     )
 
 
 def _holds(module: torch.nn.Module, name: str, values: list[Any]) -> bool:
-    return _is_each(getattr(module, name, None), values)
+    return _is_each(plain(getattr(module, name, ABSENT)), values)
 
 
 def _is_each(current: Any, values: list[Any]) -> bool:
-    return isinstance(current, _NUMBERS) and all(current == value and type(current) is type(value) for value in values)
+    return isinstance(current, (*_NUMBERS, str, type(None))) and all(
+        current == value and type(current) is type(value) for value in values
+    )
+
+
+def _current_values(container: Any) -> list[list[Any]] | None:
+    return values_in(container) if _is_config(container) else None
 
 
 def to_record(reads: PythonReads) -> dict[str, list[Any]]:
@@ -257,10 +348,7 @@ def to_record(reads: PythonReads) -> dict[str, list[Any]]:
         "numbers": [[reads.modules[key][1], name, values] for (key, name), values in reads.numbers.items()],
         "tensors": [[reads.modules[key][1], name] for key, name in reads.tensors],
         "items": [[reads.modules[key][1], name, item, values] for (key, name, item), values in reads.items.items()],
-        "containers": [
-            [reads.modules[key][1], name, [list(pair) for pair in numbers]]
-            for (key, name), numbers in reads.containers.items()
-        ],
+        "containers": [[reads.modules[key][1], name, values] for (key, name), values in reads.containers.items()],
         "globals": [[module_name, name, value] for (module_name, name), value in reads.globals.items()],
     }
 
@@ -287,17 +375,17 @@ def from_record(
         if owner is None:
             return f"{path}.{name}.{item} is not {values[0]!r} as when the cached graph was exported"
         items[(id(owner), name, item)] = values
-    containers: dict[tuple[int, str], list[tuple[Any, Any]]] = {}
-    for path, name, pairs in record.get("containers", []):
-        expected = [tuple(pair) for pair in pairs]
+    containers: dict[tuple[int, str], list[list[Any]]] = {}
+    for path, name, expected in record.get("containers", []):
         owner = next(
-            (module for module in by_name.get(path, []) if _numbers_in(getattr(module, name, None)) == expected), None
+            (module for module in by_name.get(path, []) if _current_values(getattr(module, name, None)) == expected),
+            None,
         )
         if owner is None:
-            return f"the numbers in {path}.{name} are not as when the cached graph was exported"
+            return f"the values in {path}.{name} are not as when the cached graph was exported"
         containers[(id(owner), name)] = expected
     for module_name, name, value in record.get("globals", []):
-        if not _is_each(_global(module_name, name), [value]):
+        if snapshot(_global(module_name, name)) != value:
             return f"the global {module_name}.{name} is not {value!r} as when the cached graph was exported"
     tensors: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for path, name in record["tensors"]:
