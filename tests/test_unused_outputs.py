@@ -126,3 +126,44 @@ def test_output_cones_follow_subgraphs() -> None:
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("picked", "other")],
     )
     assert output_inputs(helper.make_model(graph), ["picked", "other"]) == [frozenset({"cond", "w"}), frozenset({"x"})]
+
+
+class FeaturesToo(Base):
+    """Returns (logits, features, auxiliary output); the logits are computed from the features. ``watch``
+    says what ``training_step`` hooks: ``features``, ``features-retained`` or ``auxiliary``."""
+
+    def __init__(self, watch: str) -> None:
+        super().__init__()
+        self.watch = watch
+        self.body, self.head, self.aux = nn.Linear(8, 16), nn.Linear(16, 3), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        features = torch.tanh(self.body(x))
+        return self.head(features), features, self.aux(features)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        logits, features, aux = self(batch[0])
+        if self.watch == "features":
+            features.register_hook(lambda grad: grad * 0.5)
+        elif self.watch == "features-retained":
+            features.retain_grad()
+        else:
+            aux.register_hook(lambda grad: grad * 0.5)
+        return F.cross_entropy(logits, batch[1]) + 0.1 * features.pow(2).mean() + aux.pow(2).mean()
+
+
+@pytest.mark.parametrize("watch", ["features", "features-retained"])
+def test_a_hook_on_an_output_others_are_computed_from_is_refused(watch: str) -> None:
+    from helpers import fit
+
+    from lightning_ort import ORTUnsupportedModelError
+
+    with pytest.raises(ORTUnsupportedModelError, match="output 1 of `FeaturesToo` has a gradient hook or retain_grad"):
+        fit(FeaturesToo(watch), _features(), "ort", max_steps=2)
+
+
+def test_a_hook_on_an_output_nothing_else_is_computed_from_trains_like_eager() -> None:
+    eager, ort = fit_both(lambda: FeaturesToo("auxiliary"), _features, max_steps=3)
+    assert_ort_ran(ort, 3)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

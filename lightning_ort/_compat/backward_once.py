@@ -16,6 +16,9 @@ replaces the last one's: with two or more such outputs (two slices of an input, 
 activations) the others got a gradient in backward, and ORT's assertion failed. They are marked
 together.
 
+A gradient hook or ``retain_grad()`` on an output that other outputs are computed from is refused in
+backward (unused_outputs.py).
+
 The run states whose backward has not run yet are also tracked (:func:`backward_pending`): building
 new graphs while one is pending (a forward in eval mode, then one in train mode, one loss over both)
 made the pending backward run on freed state, and the process died with SIGSEGV.
@@ -23,34 +26,42 @@ made the pending backward run on freed state, and the process died with SIGSEGV.
 
 from __future__ import annotations
 
+import collections
 import functools
 import weakref
 from typing import Any
 
 import torch
+from torch.utils import _pytree
 
-from lightning_ort._compat.unused_outputs import drop_unused_gradients
+from lightning_ort._compat.unused_outputs import drop_unused_gradients, hooked_inner_output
 from lightning_ort.errors import ORTUnsupportedModelError
 
 _FIX = (
-    "Fix: keep `{name}` out of ORT (ORTStrategy(modules=[...]) naming only other submodules) or "
-    "train with strategy='auto'"
+    "keep `{name}` out of ORT (ORTStrategy(modules=[...]) naming only other submodules) or train with strategy='auto'"
 )
 SECOND_BACKWARD = (
     "lightning_ort: ORT cannot run the backward pass of `{name}` a second time for one forward call "
     "(backward(retain_graph=True) followed by another backward, torch.autograd.grad(..., retain_graph=True "
     "or create_graph=True) followed by backward(), a gradient penalty): ORT frees the forward's saved "
-    "activations in its first backward. " + _FIX + "; or add the losses and call backward once, or run "
+    "activations in its first backward. Fix: " + _FIX + "; or add the losses and call backward once, or run "
     "the module's forward again for each backward."
 )
 DOUBLE_BACKWARD = (
     "lightning_ort: ORT cannot differentiate the backward pass of `{name}` again (create_graph=True: a "
     "gradient penalty such as WGAN-GP or R1, double backward, Hessian-vector products): the gradients "
-    "ORT computes are not differentiable by PyTorch. " + _FIX + "."
+    "ORT computes are not differentiable by PyTorch. Fix: " + _FIX + "."
 )
 
 
+HOOKED_OUTPUT = (
+    "lightning_ort: output {index} of `{name}` has a gradient hook or retain_grad(), and other outputs are computed "
+    "from it inside ORT's graph: the hook would see only the gradient of its own uses, not the part ORT adds "
+    "inside the graph, which eager includes. Fix: hook an output no other output is computed from, or " + _FIX + "."
+)
 _PENDING_ATTR = "_lightning_ort_pending_runs"
+_OUTPUTS_ATTR = "_lightning_ort_outputs"
+_MAX_NOTED = 8  # forwards whose outputs wait for a backward (several forwards, one loss)
 
 
 class _NotDifferentiable(torch.autograd.Function):
@@ -78,6 +89,11 @@ def _checked_backward(original: Any, manager: Any) -> Any:
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
         if ctx.run_info is not None and not hasattr(ctx.run_info, "state"):
             raise ORTUnsupportedModelError(SECOND_BACKWARD.format(name=_module_name(manager)))
+        noted = manager.__dict__.get(_OUTPUTS_ATTR, {}).pop(id(ctx), {})
+        outputs = [noted.get(index) for index in range(len(grad_outputs))]
+        hooked = hooked_inner_output(manager, outputs, grad_outputs)
+        if hooked is not None:
+            raise ORTUnsupportedModelError(HOOKED_OUTPUT.format(name=_module_name(manager), index=hooked))
         grads = drop_unused_gradients(manager, grad_outputs, original(ctx, *grad_outputs))
         # autograd runs a Function's backward with grad mode on exactly when create_graph=True
         if not torch.is_grad_enabled() or all(grad is None for grad in grads):
@@ -97,6 +113,28 @@ def _tracked_forward(original: Any, pending: weakref.WeakSet[Any], manager: Any)
             ctx.mark_non_differentiable(*(outputs[index] for index in constant))
         if getattr(ctx, "run_info", None) is not None:
             pending.add(ctx.run_info)  # lives as long as the autograd graph that can still run backward
+        return outputs
+
+    return forward
+
+
+def _noted_outputs(original: Any) -> Any:
+    """``TrainingManager.forward``, noting the tensors the caller gets by their backward node, for the
+    backward's hook check (weak references do not do: the caller's tensors usually die before backward runs,
+    their hooks living on in the node). Kept until that backward, or for the last few forwards without one."""
+
+    @functools.wraps(original)
+    def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        outputs = original(self, *inputs, **kwargs)
+        noted: collections.OrderedDict[int, dict[int, torch.Tensor]] = self.__dict__.setdefault(
+            _OUTPUTS_ATTR, collections.OrderedDict()
+        )
+        for leaf in _pytree.tree_leaves(outputs):
+            node = getattr(leaf, "grad_fn", None) if isinstance(leaf, torch.Tensor) else None
+            if node is not None and hasattr(node, "run_info"):
+                noted.setdefault(id(node), {})[leaf.output_nr] = leaf
+        while len(noted) > _MAX_NOTED:
+            noted.popitem(last=False)
         return outputs
 
     return forward
@@ -126,3 +164,4 @@ def install() -> None:
         return function
 
     TrainingManager._create_autofunction_class = _create_autofunction_class  # type: ignore[method-assign]
+    TrainingManager.forward = _noted_outputs(TrainingManager.forward)  # type: ignore[method-assign]

@@ -275,14 +275,23 @@ def _python_state(module: torch.nn.Module) -> dict[tuple[int, str], object]:
 
 
 def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[int, str], torch.Tensor]:
-    """Plain tensor attributes (not parameters or buffers) of the user's modules."""
-    return {
-        (id(submodule), name): value
-        for submodule in module.modules()
-        if submodule is not module
-        for name, value in vars(submodule).items()
-        if isinstance(value, torch.Tensor)
-    }
+    """Plain tensor attributes (not parameters or buffers) of the user's modules. Found through ``vars``,
+    not ``modules()``, whose set hashes the modules: a torchmetrics ``Metric`` hashes its states, which
+    the recording of the forward's reads (python_reads.py) would take for reads of the forward."""
+    attributes: dict[tuple[int, str], torch.Tensor] = {}
+    seen = {id(module)}
+    pending = list(vars(module)["_modules"].values())
+    while pending:
+        submodule = pending.pop()
+        if submodule is None or id(submodule) in seen:
+            continue
+        seen.add(id(submodule))
+        state = vars(submodule)
+        attributes.update(
+            ((id(submodule), name), value) for name, value in state.items() if isinstance(value, torch.Tensor)
+        )
+        pending.extend(state["_modules"].values())
+    return attributes
 
 
 def _computed_from_inputs(tensor: torch.Tensor) -> bool:

@@ -1,4 +1,6 @@
-"""Gradients of inputs and parameters that only outputs without a gradient depend on are ``None``.
+"""Gradients at ORT's outputs: what autograd sees of them, and what ORT adds inside its graph.
+
+Gradients of inputs and parameters that only outputs without a gradient depend on are ``None``.
 
 A forward that returns more than the loss uses (a BERT pooler's output, an auxiliary head used on
 some steps only) leaves eager's gradients of the parameters behind those outputs at ``None``, and
@@ -6,6 +8,12 @@ optimizers skip such parameters: no momentum step, no weight decay, no Adam stat
 turns a missing output gradient into zeros and returns zero gradients for them instead, so SGD with
 momentum kept moving them and AdamW decayed them, silently. Here each graph input's gradient is
 ``None`` unless an output that received a gradient depends on it in ORT's forward graph.
+
+A gradient hook or ``retain_grad()`` on an output that other outputs are computed from (``feats`` of
+``return head(feats), feats``) sees, under ORT, only the gradient of the output's own uses: the part
+that flows through the other outputs is added inside ORT's graph. In eager it sees both, so a hook
+that scales it trained differently, silently, and ``feats.grad`` stayed ``None``. Such a backward is
+refused (:func:`hooked_inner_output`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import onnx
+import torch
 
 _CACHE_ATTR = "_lightning_ort_output_inputs"
 
@@ -28,26 +37,73 @@ def _node_inputs(node: onnx.NodeProto) -> Iterator[str]:
                 yield from _node_inputs(inner)
 
 
-def output_inputs(model: onnx.ModelProto, outputs: Sequence[str]) -> list[frozenset[str]]:
-    """For each of ``outputs``, the graph inputs it is computed from."""
+def _cones(model: onnx.ModelProto, outputs: Sequence[str]) -> list[set[str]]:
+    """For each of ``outputs``, the values it is computed from (itself included)."""
     producers = {name: node for node in model.graph.node for name in node.output if name}
-    graph_inputs = {value.name for value in model.graph.input}
     cones = []
     for output in outputs:
-        seen, pending, reached = {output}, [output], set()
+        seen, pending = {output}, [output]
         while pending:
-            name = pending.pop()
-            if name in graph_inputs:
-                reached.add(name)
-            node = producers.get(name)
+            node = producers.get(pending.pop())
             if node is None:
                 continue
             for value in _node_inputs(node):
                 if value and value not in seen:
                     seen.add(value)
                     pending.append(value)
-        cones.append(frozenset(reached))
+        cones.append(seen)
     return cones
+
+
+def output_inputs(model: onnx.ModelProto, outputs: Sequence[str]) -> list[frozenset[str]]:
+    """For each of ``outputs``, the graph inputs it is computed from."""
+    graph_inputs = {value.name for value in model.graph.input}
+    return [frozenset(cone & graph_inputs) for cone in _cones(model, outputs)]
+
+
+def _upstream_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> list[frozenset[int]]:
+    """For each of ``outputs``, the indices of the others it is computed from (an output is often an
+    ``Identity`` of the value the graph uses)."""
+    producers = {name: node for node in model.graph.node for name in node.output if name}
+    sources = []
+    for output in outputs:
+        source = output
+        while source in producers and producers[source].op_type == "Identity":
+            source = producers[source].input[0]
+        sources.append(source)
+    return [
+        frozenset(index for index, source in enumerate(sources) if index != position and source in cone)
+        for position, cone in enumerate(_cones(model, outputs))
+    ]
+
+
+def _analysis(manager: Any) -> tuple[list[frozenset[str]], list[frozenset[int]]]:
+    """The graph inputs and the other outputs each output of ``manager``'s current graph depends on."""
+    model = manager._onnx_models.optimized_model
+    cached = getattr(manager, _CACHE_ATTR, None)
+    if cached is None or cached[0] is not model:
+        outputs = manager._graph_info.user_output_names
+        cached = (model, output_inputs(model, outputs), _upstream_outputs(model, outputs))
+        setattr(manager, _CACHE_ATTR, cached)
+    return cached[1], cached[2]
+
+
+def hooked_inner_output(manager: Any, outputs: Sequence[Any], grad_outputs: Sequence[Any]) -> int | None:
+    """The index of an output (of ``outputs``, tensors or None) with a gradient hook or ``retain_grad()``
+    whose gradient, in eager, would include some that ORT adds inside its graph: one of the outputs with a
+    gradient in ``grad_outputs`` is computed from it. None if there is none."""
+    hooked = [
+        index
+        for index, output in enumerate(outputs)
+        if isinstance(output, torch.Tensor) and (output._backward_hooks or output.retains_grad)
+    ]
+    if not hooked:
+        return None
+    upstream = _analysis(manager)[1]
+    for index in hooked:
+        if any(grad is not None and index in upstream[other] for other, grad in enumerate(grad_outputs)):
+            return index
+    return None
 
 
 def drop_unused_gradients(manager: Any, grad_outputs: Sequence[Any], grads: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -55,12 +111,7 @@ def drop_unused_gradients(manager: Any, grad_outputs: Sequence[Any], grads: tupl
     output with a gradient in ``grad_outputs`` depends on."""
     if all(grad is not None for grad in grad_outputs):
         return grads
-    model = manager._onnx_models.optimized_model
-    cached = getattr(manager, _CACHE_ATTR, None)
-    if cached is None or cached[0] is not model:
-        cached = (model, output_inputs(model, manager._graph_info.user_output_names))
-        setattr(manager, _CACHE_ATTR, cached)
-    cones = cached[1]
+    cones = _analysis(manager)[0]
     live = frozenset().union(*(cone for cone, grad in zip(cones, grad_outputs, strict=True) if grad is not None))
     names = manager._graph_transition_manager._post_export_processed_model_info.onnx_graph_input_names
     return tuple(None if name not in live else grad for name, grad in zip(names, grads, strict=True))
