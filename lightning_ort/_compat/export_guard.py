@@ -287,8 +287,11 @@ def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[int, str], torch.T
             continue
         seen.add(id(submodule))
         state = vars(submodule)
+        hooked = trace_checks.hooked_weight_names(submodule)  # pruning's and weight norm's, computed in the graph
         attributes.update(
-            ((id(submodule), name), value) for name, value in state.items() if isinstance(value, torch.Tensor)
+            ((id(submodule), name), value)
+            for name, value in state.items()
+            if isinstance(value, torch.Tensor) and name not in hooked
         )
         pending.extend(state["_modules"].values())
     return attributes

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import types
 import warnings
@@ -45,6 +46,7 @@ _LP_POOL_SIZES = (frozenset({2, 3}), frozenset({"kernel_size", "stride"}))
 _COUNTED_SPLITS = {"unbind": 1, "split": 2, "unsafe_split": 2, "chunk": 2, "unsafe_chunk": 2}
 _GRADIENT_HOOKS = frozenset({"register_hook", "retain_grad", "register_post_accumulate_grad_hook"})
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
+_TORCH_DIR = os.path.dirname(torch.__file__)
 _REQUIRES_GRAD_READ = (
     "; ORT exports the forward with gradients off, so every tensor reads False there and the graph keeps the "
     "branch for no gradients. Fix: decide with a flag the module keeps (self.training), or keep that module "
@@ -168,7 +170,8 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         if problem is not None:
             _note(self.unsupported, f"its forward {problem[0]} at {self.locate() or 'torch'}{problem[1]}")
         if tracing and getattr(func, "__self__", None) is _REQUIRES_GRAD:
-            location = self.locate()  # torch's own checks (attention's fast path) are not the user's branches
+            # read by the user's code itself: torch's own checks (checkpoint, attention's fast path) are not branches
+            location = None if sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR) else self.locate()
             if location is not None:
                 _note(self.unsupported, f"its forward reads Tensor.requires_grad at {location}{_REQUIRES_GRAD_READ}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
