@@ -221,8 +221,8 @@ class ORTGuard:
             self._give_up(error, graph, autocast)
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
-        if graph:
-            _compat.advance_batch_counters(self._batch_norms)
+        # each layer in train mode, also in the inference graph (test-time adaptation of BatchNorm under no_grad)
+        _compat.advance_batch_counters(self._batch_norms)
         _compat.refresh_hooked_weights(modules)
         self.report.ort_calls += 1
         return output

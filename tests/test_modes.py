@@ -94,3 +94,25 @@ def test_training_mode_call_under_no_grad_runs_in_pytorch_with_the_reason() -> N
     (report,) = ort.reports
     assert report.uses_ort and report.ort_calls == 8 and report.torch_calls == 4
     assert report.torch_call_reasons == {guard._TRAINING_UNDER_NO_GRAD: 4}
+
+
+class TestTimeAdaptation(CNN):
+    """Validation adapts BatchNorm's statistics to its data: the layer alone in train mode, under no_grad
+    (ORT's inference graph, exported with that layer in train mode), before the scored call."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.features[1].train()
+        self(x)
+        self.features[1].eval()
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+
+def test_batchnorm_in_train_mode_in_the_inference_graph_counts_its_batches() -> None:
+    eager, ort = fit_both(
+        TestTimeAdaptation, image_loader, 4, val=image_loader(), limit_val_batches=2, val_check_interval=2
+    )
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)  # num_batches_tracked included: 4 training steps, 2 x 2 adapting calls
+    assert int(ort.state["features.1.num_batches_tracked"]) == 4 + 4
