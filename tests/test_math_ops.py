@@ -27,6 +27,12 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "cumprod": lambda h: torch.cumprod(torch.sigmoid(h) + 0.5, 1),
     "cumprod-with-zeros": lambda h: torch.cumprod(F.relu(h), -1),
     "logcumsumexp": lambda h: torch.logcumsumexp(h, 1),
+    # ORT dropped the gradient through Pow's exponent, silently
+    "pow-scalar-base": lambda h: 2.0**h,
+    "pow-tensor-exponent": lambda h: (torch.sigmoid(h) + 0.5) ** h,
+    # torch's export truncated where eager rounds down (negative quotients)
+    "floor-divide": lambda h: h * ((h.detach() * 3) // 2),
+    "right-shift": lambda h: h * ((h.detach() * 4).long() >> 1).float(),
 }
 
 

@@ -41,6 +41,7 @@ OPERATORS = {
     "lightning_ort::cdist": ("x1", "x2"),
     "lightning_ort::pairwise_distance": ("x1", "x2"),
     "lightning_ort::grid_sample": ("input", "grid"),
+    "lightning_ort::pow": ("self", "exponent"),
 }
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.

@@ -6,6 +6,12 @@ torch 2.13 cannot export ``expm1``, ``trunc``, ``cumprod`` and ``logcumsumexp`` 
 them fell back to PyTorch. They are exported as ATen nodes running torch's operators, with eager
 autograd's formulas as gradients (``csrc/math_ops.cc``; the gradient of ``trunc`` and ``sign`` is
 zero, as in eager), whatever ``op_rewrites`` says.
+
+Silently wrong before: ORT 1.19.2 has no gradient for ``Pow``'s exponent and drops it, so a power
+with a tensor exponent (``2.0 ** h``, GeM pooling's learnt ``p`` where ``p`` also reaches the loss
+another way) trained without that term; such powers run torch's ``pow`` with eager's gradients.
+``a // b`` and ``k >> n`` of negative integers rounded toward zero in torch's export, where eager
+rounds down.
 """
 
 from __future__ import annotations
@@ -13,11 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9, symbolic_opset11
 
-from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node, register_simple_gradient
+from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node, register_gradient, register_simple_gradient
 from lightning_ort._compat.torch_kernels import ATEN, aten_like, constant
 
+_POW = "lightning_ort::pow"
 # ATen operators here whose output has the input's shape (shape_inference.py)
 SAME_SHAPE_OPERATORS = ("atan", "expm1", "trunc", "lightning_ort::threshold", "lightning_ort::cumprod", "logcumsumexp")
 
@@ -62,6 +69,38 @@ def _logcumsumexp(g: Any, input: Any, dim: Any) -> Any:
     return aten_like(g, "logcumsumexp", input, constant(g, symbolic_helper._get_const(dim, "i", "dim"), torch.int64))
 
 
+def _pow(g: Any, self: Any, exponent: Any) -> Any:
+    """A tensor exponent (``2.0 ** h``, GeM pooling's learnt ``p``) on torch's kernel: ORT stops Pow's
+    gradient at the exponent, silently. A constant exponent stays ORT's ``Pow``."""
+    if symbolic_helper._is_constant(exponent) or not symbolic_helper._is_fp(exponent):
+        return symbolic_opset9.pow(g, self, exponent)
+    scalar_type = _type_utils.JitScalarType.from_value(exponent)
+    if symbolic_helper._is_constant(self):  # a Python number as the base
+        self = constant(g, float(symbolic_helper._maybe_get_const(self, "f")), scalar_type.dtype())
+    elif _type_utils.JitScalarType.from_value(self, _type_utils.JitScalarType.UNDEFINED) != scalar_type:
+        return symbolic_opset9.pow(g, self, exponent)
+    ranks = [symbolic_helper._get_tensor_rank(value) for value in (self, exponent)]
+    output = g.op(ATEN, self, exponent, operator_s=_POW)
+    if None not in ranks:
+        output.setType(exponent.type().with_sizes([None] * max(ranks)))  # type: ignore[type-var]
+    return output
+
+
+def _floor_divide(g: Any, self: Any, other: Any) -> Any:
+    """``a // b`` rounds down, as in eager; torch's export still truncates (its behaviour before 1.13)."""
+    return symbolic_opset9._floor_divide(g, self, other)
+
+
+def _right_shift(g: Any, self: Any, other: Any) -> Any:
+    """``k >> n`` of signed integers rounds down (-3 >> 1 is -2); torch's export divides, truncating."""
+    scalar_type = _type_utils.JitScalarType.from_value(self, _type_utils.JitScalarType.UNDEFINED)
+    if scalar_type not in (_type_utils.JitScalarType.INT64, _type_utils.JitScalarType.INT):
+        return symbolic_opset11.__rshift_(g, self, other)
+    exponent = g.op("Cast", other, to_i=_type_utils.JitScalarType.FLOAT.onnx_type())
+    power = g.op("Pow", constant(g, 2.0, torch.float32), exponent)
+    return symbolic_opset9._floor_divide(g, self, g.op("Cast", power, to_i=scalar_type.onnx_type()))
+
+
 def _zero_gradient() -> list[Any]:
     return [aten_node("lightning_ort::zeros_like", ["GO(0)"], ["GI(0)"])]
 
@@ -77,6 +116,12 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("logsumexp", "", _logsumexp)
     CustomOpSymbolicRegistry.register("cumprod", "", _cumprod)
     CustomOpSymbolicRegistry.register("logcumsumexp", "", _logcumsumexp)
+    CustomOpSymbolicRegistry.register("pow", "", _pow)
+    for name in ("floor_divide", "floordiv"):
+        CustomOpSymbolicRegistry.register(name, "", _floor_divide)
+    for name in ("__rshift_", "bitwise_right_shift"):
+        CustomOpSymbolicRegistry.register(name, "", _right_shift)
+    register_gradient(_POW, f"{_POW}_backward", ["GO(0)", "I(0)", "I(1)"], ["GI(0)", "GI(1)"])
     register_simple_gradient("atan", "lightning_ort::atan_backward", ["GO(0)", "I(0)"])
     register_simple_gradient("expm1", "lightning_ort::expm1_backward", ["GO(0)", "O(0)"])
     register_simple_gradient("lightning_ort::threshold", "lightning_ort::threshold_backward", ["GO(0)", "I(0)", "I(1)"])

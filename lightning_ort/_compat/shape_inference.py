@@ -41,6 +41,16 @@ def _same_as_input(shapes: list[Shape | None], flags: list[Any]) -> Shape | None
     return shapes[0]
 
 
+def _broadcast(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    """Two inputs broadcast against each other (``lightning_ort::pow``)."""
+    first, second = shapes[0], shapes[1]
+    if first is None or second is None:
+        return None
+    rank = max(len(first), len(second))
+    first, second = [1] * (rank - len(first)) + list(first), [1] * (rank - len(second)) + list(second)
+    return [b if a == 1 else a if b == 1 or a == b else None for a, b in zip(first, second, strict=True)]
+
+
 def _linear(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
     input, weight = shapes[0], shapes[1]  # weight: (out_features, in_features), or (in_features,)
     if input is None or weight is None or len(weight) not in (1, 2):
@@ -140,6 +150,7 @@ _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None
     "lightning_ort::einsum": _einsum,
     "lightning_ort::einsum2": _einsum,
     "lightning_ort::rnn_layer": _rnn_layer,
+    "lightning_ort::pow": _broadcast,
     **{operator: _same_as_input for operator in activations.OPERATORS},
     **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in layers.SAME_SHAPE_OPERATORS},

@@ -6,6 +6,7 @@
 #include <ATen/WrapDimUtilsMulti.h>
 #include <torch/library.h>
 
+#include <tuple>
 #include <vector>
 
 #include "autograd_vjp.h"
@@ -54,9 +55,29 @@ at::Tensor logcumsumexp_backward(const at::Tensor& grad, const at::Tensor& self,
   return lightning_ort::vjp(forward, {self}, {true}, grad)[0];
 }
 
+// A power whose exponent is a tensor: ORT 1.19.2 stops the gradient at Pow's exponent
+at::Tensor tensor_pow(const at::Tensor& self, const at::Tensor& exponent) { return at::pow(self, exponent); }
+
+template <bool kSelf, bool kExponent>
+std::tuple<at::Tensor, at::Tensor> tensor_pow_backward(const at::Tensor& grad, const at::Tensor& self,
+                                                const at::Tensor& exponent) {
+  auto forward = [](const std::vector<at::Tensor>& inputs) { return at::pow(inputs[0], inputs[1]); };
+  auto grads = lightning_ort::vjp(forward, {self, exponent}, {kSelf, kExponent}, grad);
+  return {grads[0], grads[1]};
+}
+
 }  // namespace
 
+#define POW "(Tensor self, Tensor exponent) -> Tensor"
+#define POW_BACKWARD "(Tensor grad, Tensor self, Tensor exponent) -> (Tensor, Tensor)"
+
 TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
+  m.def("pow" POW, &tensor_pow);
+  m.def("pow_backward" POW_BACKWARD, &tensor_pow_backward<true, true>);
+  m.def("pow.self" POW, &tensor_pow);
+  m.def("pow_backward.self" POW_BACKWARD, &tensor_pow_backward<true, false>);
+  m.def("pow.exponent" POW, &tensor_pow);
+  m.def("pow_backward.exponent" POW_BACKWARD, &tensor_pow_backward<false, true>);
   m.def("atan_backward(Tensor grad, Tensor self) -> Tensor", &atan_backward);
   m.def("expm1_backward(Tensor grad, Tensor result) -> Tensor", &expm1_backward);
   m.def("threshold(Tensor self, float threshold, float value) -> Tensor", &threshold);
