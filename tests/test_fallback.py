@@ -263,3 +263,22 @@ def test_spectral_norm_falls_back_with_the_reason_and_validates_like_eager() -> 
     assert_states_match(eager, ort)  # _u and _v included
     val_loss = float(eager.trainer.callback_metrics["val_loss"])
     assert float(ort.trainer.callback_metrics["val_loss"]) == pytest.approx(val_loss, rel=1e-5)
+
+
+class EnableGradInForward(MLP):
+    """``torch.enable_grad()`` inside forward (torch.distributions' lazy properties do this): gradients flow
+    there as everywhere in ORT's graph. The export traces with gradients off, and leaving the block turned
+    them off again, which was taken for a ``no_grad`` region."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            hidden = self.body(x)
+        return self.head(hidden) + 0.1 * torch.distributions.Categorical(logits=self.head(hidden)).entropy()[:, None]
+
+
+def test_enable_grad_inside_forward_trains_in_ort() -> None:
+    eager, ort = fit_both(EnableGradInForward, mlp_loader, 4)
+    (report,) = ort.reports
+    assert report.fallback_reason is None and report.ort_calls == 4
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

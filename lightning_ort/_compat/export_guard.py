@@ -235,6 +235,10 @@ def _user_frame() -> str | None:
     return None
 
 
+_GRAD_MODE_FILE = torch.autograd.grad_mode.__file__
+_TRACED_CALLS_FILE = sys.modules[traced_calls.__module__].__file__
+
+
 @contextlib.contextmanager
 def _record_grad_disabling() -> Iterator[list[str]]:
     """Where the traced forward turns gradients off (``torch.no_grad()``, ``set_grad_enabled(False)``).
@@ -245,7 +249,13 @@ def _record_grad_disabling() -> Iterator[list[str]]:
     original = torch._C._set_grad_enabled
 
     def _set_grad_enabled(mode: bool) -> None:
-        if not mode and torch.jit.is_tracing():
+        caller = sys._getframe(1)
+        # past the torch function mode watching this call, which calls this function once more
+        while caller.f_code.co_filename in (_TRACED_CALLS_FILE, __file__):
+            caller = caller.f_back
+        # the export traces with gradients off: leaving a `with torch.enable_grad():` turns them off again
+        restoring = caller.f_code.co_name == "__exit__" and caller.f_code.co_filename == _GRAD_MODE_FILE
+        if not mode and not restoring and torch.jit.is_tracing():
             location = _user_frame()
             if location is not None and location not in seen:
                 seen.append(location)
