@@ -57,6 +57,7 @@ _TRAINING_UNDER_NO_GRAD = (
     "statistics as PyTorch does; call .eval() on it, or call it with gradients)"
 )
 _OTHER_AUTOCAST = "called under another autocast state than the one its graph was exported with"
+_MODEL_SUMMARY = "Lightning's model summary (example_input_array) hooks the submodules for their sizes"
 _REPLACED_BEFORE_BACKWARD = (
     "submodules or tensor shapes were replaced before the previous call's backward (a new export now would "
     "free the state that backward needs)"
@@ -206,6 +207,8 @@ class ORTGuard:
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
             _compat.export_again(self._ort_module, graph)
             self._graph_modes[graph] = modes
+        if _compat.summary_hooks(modules):
+            return self._in_pytorch(_MODEL_SUMMARY, args, kwargs)
         identities = _identities(modules)
         if identities != self._identities:
             if self._identities is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
 from models import CNN, MLP, image_loader, mlp_loader
 
 from lightning_ort import guard
@@ -116,3 +116,20 @@ def test_batchnorm_in_train_mode_in_the_inference_graph_counts_its_batches() -> 
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)  # num_batches_tracked included: 4 training steps, 2 x 2 adapting calls
     assert int(ort.state["features.1.num_batches_tracked"]) == 4 + 4
+
+
+class Summarised(MLP):
+    """An ``example_input_array``: Lightning's model summary calls the model on it with its own hooks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.example_input_array = torch.zeros(4, 16)
+
+
+def test_the_model_summary_call_runs_in_pytorch_and_leaves_ort_the_rest() -> None:
+    result = fit(Summarised(), mlp_loader(), "ort", max_steps=4, val=mlp_loader(), val_check_interval=2,
+                 enable_model_summary=True)  # fmt: skip
+    (report,) = result.reports
+    assert report.fallback_reason is None and report.eval_fallback_reason is None
+    assert report.torch_call_reasons == {guard._MODEL_SUMMARY: 1}
+    assert report.ort_calls == 4 + 2 * 2  # training steps and validation batches

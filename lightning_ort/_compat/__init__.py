@@ -48,7 +48,7 @@ from lightning_ort._compat.runtime import (
     set_training_flag,
     wrap_module,
 )
-from lightning_ort._compat.trace_checks import hooks_problem, refresh_hooked_weights
+from lightning_ort._compat.trace_checks import hooks_problem, refresh_hooked_weights, summary_hooks
 
 __all__ = [
     "GRAPH_STAGES",
@@ -82,6 +82,7 @@ __all__ = [
     "processed_model",
     "generate_training_artifacts",
     "hooks_problem",
+    "summary_hooks",
     "memory_arena_scope",
     "memory_arena_stats",
     "memory_optimization_level",

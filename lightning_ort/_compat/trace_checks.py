@@ -42,6 +42,7 @@ from lightning_ort._compat.traced_calls import TracedCalls
 _SUBSCRIPTS = {"BINARY_SUBSCR", "STORE_SUBSCR", "BINARY_SLICE", "STORE_SLICE"}
 # Hooks that compute a weight from parameters before each forward: the trace records the computation.
 _TRACEABLE_HOOKS = (WeightNorm, prune.BasePruningMethod)
+_SUMMARY_MODULE = "lightning.pytorch.utilities.model_summary"
 
 
 @contextlib.contextmanager
@@ -236,6 +237,17 @@ def _forward_hooks(module: torch.nn.Module) -> list[Any]:
 
 def _backward_hooks(module: torch.nn.Module) -> list[Any]:
     return [*module._backward_hooks.values(), *module._backward_pre_hooks.values()]
+
+
+def summary_hooks(modules: list[torch.nn.Module]) -> bool:
+    """Whether Lightning's model summary hooks the modules (its ``example_input_array`` call): a call to run
+    in PyTorch, for the summary's sizes, leaving ORT's graphs to the calls after it."""
+    return any(
+        getattr(hook, "__module__", "").startswith(_SUMMARY_MODULE)
+        for module in modules
+        if module._forward_hooks
+        for hook in module._forward_hooks.values()
+    )
 
 
 def hooks_problem(owner: torch.nn.Module, modules: list[torch.nn.Module]) -> str | None:
