@@ -144,6 +144,10 @@ def _layout(modules: list[torch.nn.Module]) -> tuple[Any, ...]:
     )
 
 
+def _own_forward(owner: torch.nn.Module) -> Any:
+    return type(owner).forward.__get__(owner)
+
+
 class ORTGuard:
     """Callable installed as ``owner.forward``: ORT when it can, PyTorch with one warning when it cannot."""
 
@@ -171,6 +175,11 @@ class ORTGuard:
         its class's, bound to it, not a guard sharing this one's ORT graphs."""
         copied_owner = memo.get(id(self.owner))
         return self if copied_owner is None else type(self.owner).forward.__get__(copied_owner)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with its owner (``torch.save(pl_module)`` during fit), it comes back as the owner's own
+        ``forward``: ORT's session cannot be pickled, and the copy trains in PyTorch."""
+        return _own_forward, (self.owner,)
 
     @property
     def ort_module(self) -> torch.nn.Module | None:

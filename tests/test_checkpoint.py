@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
 import torch
 from helpers import assert_losses_match, assert_states_match, fit
 from models import CNN, image_loader
@@ -52,3 +53,27 @@ def test_resume_both_ways_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     for resumed in (plain, ort):
         assert_losses_match(uninterrupted.after(10), resumed)
         assert_states_match(uninterrupted, resumed)
+
+
+class PickleMidFit(L.Callback):
+    """Saves the whole module object (``torch.save(pl_module)``), as some users do, in the middle of fit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        if trainer.global_step == 2:
+            torch.save(pl_module, self.path)
+
+
+def test_the_module_pickled_during_fit_loads_and_runs_in_pytorch(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    result = fit(CNN(), loader(), "ort", max_steps=3, callbacks=[PickleMidFit(path)])
+    loaded = torch.load(path, weights_only=False)
+    assert vars(loaded)["forward"].__func__ is type(loaded).forward  # its own forward, not lightning_ort's
+    x = next(iter(loader()))[0]
+    loaded.eval()
+    result.model.eval()
+    with torch.no_grad():
+        assert torch.isfinite(loaded(x)).all()
+    assert loaded.state_dict().keys() == result.model.state_dict().keys()
