@@ -254,4 +254,6 @@ class ORTStrategyMixin(Strategy):
     def teardown(self) -> None:
         self._teardown_guards()
         _compat.release_memory_arena()
+        # ORT's export rules would make a later LightningModule.to_onnx write nodes only ORT's training build runs
+        _compat.remove_training_symbolics()
         super().teardown()

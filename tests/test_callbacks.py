@@ -18,7 +18,7 @@ import onnxruntime
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import fit, trainer_kwargs
+from helpers import assert_ort_ran, fit, trainer_kwargs
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from models import CNN, MLP, ChildrenOnly, DataDependent, EncoderClassifier, dict_loader, image_loader, mlp_loader
@@ -298,6 +298,23 @@ def test_onnx_export_of_a_cnn_trained_in_ort_is_standard_onnx(tmp_path: Path, ca
         expected = reference.eval()(x).numpy()
     np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], expected, rtol=1e-4, atol=1e-5)
     assert result.model.training  # modes given back
+
+
+def test_to_onnx_after_an_ort_fit_is_standard_onnx(tmp_path: Path) -> None:
+    """ORT's training export rules (BatchNorm as org.pytorch.aten::ATen, which ONNX Runtime cannot load)
+    leave with the Trainer's run."""
+    result = fit(CNN(), image_loader(), "ort", max_steps=2)
+    x = torch.randn(2, 3, 8, 8)
+    result.model.eval()
+    result.model.to_onnx(tmp_path / "cnn.onnx", x, dynamo=False)
+    assert {node.domain for node in onnx.load(str(tmp_path / "cnn.onnx")).graph.node} <= {""}
+    session = onnxruntime.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        expected = result.model(x).numpy()
+    np.testing.assert_allclose(
+        session.run(None, {session.get_inputs()[0].name: x.numpy()})[0], expected, rtol=1e-4, atol=1e-5
+    )
+    assert_ort_ran(fit(CNN(), image_loader(), "ort", max_steps=2), 2)  # the next ORTModule registers them again
 
 
 def test_onnx_export_with_dict_input_from_the_first_training_forward(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from lightning_ort._compat.deploy import (
     check_training_artifacts,
     generate_training_artifacts,
     non_standard_ops,
+    remove_training_symbolics,
     standard_onnx_symbolics,
 )
 from lightning_ort._compat.export_guard import attention_fast_path_off
@@ -97,5 +98,6 @@ __all__ = [
     "set_python_log_level",
     "set_training_flag",
     "standard_onnx_symbolics",
+    "remove_training_symbolics",
     "wrap_module",
 ]

@@ -28,9 +28,20 @@ def standard_onnx_symbolics() -> Iterator[None]:
     model exported afterwards would need ORT's training build and torch to run. The block
     removes those rules and puts them back afterwards.
     """
-    if not is_loaded():
+    removed = remove_training_symbolics()
+    try:
         yield
-        return
+    finally:
+        for group, opset, function in removed:
+            group.add_custom(function, opset)
+
+
+def remove_training_symbolics() -> list[tuple[Any, int, Any]]:
+    """Remove ORT's export rules from torch (see :func:`standard_onnx_symbolics`), so that a later
+    ``torch.onnx.export`` or ``LightningModule.to_onnx`` writes standard ONNX; return what was removed.
+    The next ORTModule registers them again."""
+    if not is_loaded():
+        return []
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
     from torch.onnx._internal.torchscript_exporter import registration
 
@@ -42,11 +53,7 @@ def standard_onnx_symbolics() -> Iterator[None]:
         for opset, function in list(group._functions._overrides.items()):
             group.remove_custom(opset)
             removed.append((group, opset, function))
-    try:
-        yield
-    finally:
-        for group, opset, function in removed:
-            group.add_custom(function, opset)
+    return removed
 
 
 def non_standard_ops(model: onnx.ModelProto) -> list[str]:
