@@ -81,6 +81,12 @@ _HINTS = (
         "size check does). Fix: keep that layer out of ORT with ORTStrategy(modules=[...])",
     ),
     (
+        "as it's unreachable",
+        "a parameter that requires grad reaches the outputs only through .detach() (a teacher or target network "
+        "inside forward), so eager leaves its gradient None and ORT refuses to build one. Fix: freeze it "
+        "(requires_grad_(False)), which ORT leaves out, or call it outside forward",
+    ),
+    (
         "cannot register a hook on a tensor that doesn't require gradient",
         "the forward registers a gradient hook on a tensor; ORT runs the forward with gradients off to export it, "
         "and computes the gradients of its graph in one piece without calling Python hooks. Fix: register the hook "

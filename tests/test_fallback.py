@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_losses_match, assert_states_match, fit, fit_both
+from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
 from models import (
     CNN,
     MLP,
@@ -280,5 +280,34 @@ def test_enable_grad_inside_forward_trains_in_ort() -> None:
     eager, ort = fit_both(EnableGradInForward, mlp_loader, 4)
     (report,) = ort.reports
     assert report.fallback_reason is None and report.ort_calls == 4
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class Distilled(MLP):
+    """A teacher inside forward whose output is detached: frozen, ORT leaves it out of the gradient graph;
+    trainable, it reaches the loss only through the detach, and ORT refuses to differentiate it."""
+
+    def __init__(self, frozen: bool) -> None:
+        super().__init__()
+        self.teacher = nn.Linear(16, 3)
+        self.teacher.requires_grad_(not frozen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.body(x))
+        return logits + F.mse_loss(logits, self.teacher(x).detach())
+
+
+def test_a_frozen_teacher_inside_forward_trains_in_ort() -> None:
+    eager, ort = fit_both(lambda: Distilled(frozen=True), mlp_loader, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_a_trainable_parameter_reached_only_through_detach_falls_back_with_the_fix() -> None:
+    eager, ort = fit_both(lambda: Distilled(frozen=False), mlp_loader, 2)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "Fix: freeze it (requires_grad_(False))" in report.fallback_reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

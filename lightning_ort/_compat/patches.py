@@ -245,6 +245,24 @@ def _buffers_in_reprocess_check() -> None:
     GraphTransitionManager._reprocess_check = staticmethod(_reprocess_check)  # type: ignore[method-assign]
 
 
+def _frozen_parameters_need_no_gradient() -> None:
+    """ORT's export lists every parameter as needing a gradient, ``requires_grad`` or not (the next call's
+    check corrects it); a frozen teacher inside ``forward`` whose output is detached then failed the first
+    gradient build ("Cannot compute the partial derivative ... as it's unreachable"). The export's list
+    leaves frozen parameters out, as that check would."""
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager
+
+    original = GraphTransitionManager.__dict__["_export_model"].__func__
+
+    @functools.wraps(original)
+    def _export_model(*args: Any, flattened_module: Any, **kwargs: Any) -> Any:
+        exported_model, schema, names, require_grad = original(*args, flattened_module=flattened_module, **kwargs)
+        frozen = {name for name, parameter in flattened_module.named_parameters() if not parameter.requires_grad}
+        return exported_model, schema, names, [name for name in require_grad if name not in frozen]
+
+    GraphTransitionManager._export_model = staticmethod(_export_model)  # type: ignore[method-assign]
+
+
 def _input_gradients_kept() -> None:
     """Once a model input has required grad, ORT's graph keeps computing its gradient when a later
     call's input does not (torch drops a gradient returned for such an input). Adversarial training
@@ -359,6 +377,7 @@ def install() -> None:
     _feature_table_at_info_level()
     _buffers_in_reprocess_check()
     _input_gradients_kept()
+    _frozen_parameters_need_no_gradient()
     _stream_suppression_without_file_descriptors()
     _skip_gpu_allocator_without_cuda_provider()
     backward_once.install()
