@@ -243,7 +243,14 @@ def _items(container: Any) -> Any:
 
 def values_in(container: Any) -> list[list[Any]] | None:
     """The plain values ``container`` holds, nested containers included, as ``[path, value]`` pairs; None
-    when it holds more than ``_MAX_ITEMS`` entries (a vocabulary holds no schedule)."""
+    when it holds more than ``_MAX_ITEMS`` entries (a vocabulary holds no schedule) or cannot be read."""
+    try:
+        return _values_in(container)
+    except Exception:  # a config library's own errors (an OmegaConf value still missing): not for us to raise
+        return None
+
+
+def _values_in(container: Any) -> list[list[Any]] | None:
     values: list[list[Any]] = []
     pending: list[tuple[list[Any], Any]] = [([], container)]
     seen = {id(container)}
