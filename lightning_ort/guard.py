@@ -180,7 +180,7 @@ class ORTGuard:
         """A copy of the owner (an EMA or teacher snapshot a callback takes) trains in PyTorch: its ``forward`` is
         its class's, bound to it, not a guard sharing this one's ORT graphs."""
         copied_owner = memo.get(id(self.owner))
-        return self if copied_owner is None else type(self.owner).forward.__get__(copied_owner)
+        return self if copied_owner is None else _own_forward(copied_owner)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled with its owner (``torch.save(pl_module)`` during fit), it comes back as the owner's own

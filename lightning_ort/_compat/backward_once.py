@@ -129,10 +129,12 @@ def _noted_outputs(original: Any) -> Any:
         noted: collections.OrderedDict[int, dict[int, torch.Tensor]] = self.__dict__.setdefault(
             _OUTPUTS_ATTR, collections.OrderedDict()
         )
+        this_call: dict[int, dict[int, torch.Tensor]] = {}
         for leaf in _pytree.tree_leaves(outputs):
             node = getattr(leaf, "grad_fn", None) if isinstance(leaf, torch.Tensor) else None
             if node is not None and hasattr(node, "run_info"):
-                noted.setdefault(id(node), {})[leaf.output_nr] = leaf
+                this_call.setdefault(id(node), {})[leaf.output_nr] = leaf
+        noted.update(this_call)  # over what a freed node at the same address left
         while len(noted) > _MAX_NOTED:
             noted.popitem(last=False)
         return outputs
