@@ -86,11 +86,6 @@ def _pow(g: Any, self: Any, exponent: Any) -> Any:
     return output
 
 
-def _floor_divide(g: Any, self: Any, other: Any) -> Any:
-    """``a // b`` rounds down, as in eager; torch's export still truncates (its behaviour before 1.13)."""
-    return symbolic_opset9._floor_divide(g, self, other)
-
-
 def _right_shift(g: Any, self: Any, other: Any) -> Any:
     """``k >> n`` of signed integers rounds down (-3 >> 1 is -2); torch's export divides, truncating."""
     scalar_type = _type_utils.JitScalarType.from_value(self, _type_utils.JitScalarType.UNDEFINED)
@@ -117,8 +112,8 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("cumprod", "", _cumprod)
     CustomOpSymbolicRegistry.register("logcumsumexp", "", _logcumsumexp)
     CustomOpSymbolicRegistry.register("pow", "", _pow)
-    for name in ("floor_divide", "floordiv"):
-        CustomOpSymbolicRegistry.register(name, "", _floor_divide)
+    for name in ("floor_divide", "floordiv"):  # torch's own rounds down only for div(rounding_mode="floor")
+        CustomOpSymbolicRegistry.register(name, "", symbolic_opset9._floor_divide)
     for name in ("__rshift_", "bitwise_right_shift"):
         CustomOpSymbolicRegistry.register(name, "", _right_shift)
     register_gradient(_POW, f"{_POW}_backward", ["GO(0)", "I(0)", "I(1)"], ["GI(0)", "GI(1)"])

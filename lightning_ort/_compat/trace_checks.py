@@ -235,8 +235,8 @@ def _forward_hooks(module: torch.nn.Module) -> list[Any]:
     return [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
 
 
-def _backward_hooks(module: torch.nn.Module) -> list[Any]:
-    return [*module._backward_hooks.values(), *module._backward_pre_hooks.values()]
+def _has_backward_hooks(module: torch.nn.Module) -> bool:
+    return bool(module._backward_hooks or module._backward_pre_hooks)
 
 
 def summary_hooks(modules: list[torch.nn.Module]) -> bool:
@@ -264,7 +264,7 @@ def hooks_problem(owner: torch.nn.Module, modules: list[torch.nn.Module]) -> str
         not global_forward
         and not global_backward
         and not any(
-            submodule._forward_hooks or submodule._forward_pre_hooks or _backward_hooks(submodule)
+            submodule._forward_hooks or submodule._forward_pre_hooks or _has_backward_hooks(submodule)
             for submodule in modules
             if submodule is not owner
         )
@@ -276,7 +276,7 @@ def hooks_problem(owner: torch.nn.Module, modules: list[torch.nn.Module]) -> str
             continue
         if any(not isinstance(hook, _TRACEABLE_HOOKS) for hook in _forward_hooks(submodule)):
             forward.append(name)
-        if _backward_hooks(submodule):
+        if _has_backward_hooks(submodule):
             backward.append(name)
     fix = "Fix: return the tensors from forward instead, or keep that module out of ORT with ORTStrategy(modules=[...])"
     if backward or global_backward:

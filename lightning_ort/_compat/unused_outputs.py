@@ -37,9 +37,12 @@ def _node_inputs(node: onnx.NodeProto) -> Iterator[str]:
                 yield from _node_inputs(inner)
 
 
-def _cones(model: onnx.ModelProto, outputs: Sequence[str]) -> list[set[str]]:
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {name: node for node in model.graph.node for name in node.output if name}
+
+
+def _cones(producers: dict[str, onnx.NodeProto], outputs: Sequence[str]) -> list[set[str]]:
     """For each of ``outputs``, the values it is computed from (itself included)."""
-    producers = {name: node for node in model.graph.node for name in node.output if name}
     cones = []
     for output in outputs:
         seen, pending = {output}, [output]
@@ -55,16 +58,21 @@ def _cones(model: onnx.ModelProto, outputs: Sequence[str]) -> list[set[str]]:
     return cones
 
 
+def _graph_inputs(model: onnx.ModelProto, cones: list[set[str]]) -> list[frozenset[str]]:
+    graph_inputs = {value.name for value in model.graph.input}
+    return [frozenset(cone & graph_inputs) for cone in cones]
+
+
 def output_inputs(model: onnx.ModelProto, outputs: Sequence[str]) -> list[frozenset[str]]:
     """For each of ``outputs``, the graph inputs it is computed from."""
-    graph_inputs = {value.name for value in model.graph.input}
-    return [frozenset(cone & graph_inputs) for cone in _cones(model, outputs)]
+    return _graph_inputs(model, _cones(_producers(model), outputs))
 
 
-def _upstream_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> list[frozenset[int]]:
-    """For each of ``outputs``, the indices of the others it is computed from (an output is often an
-    ``Identity`` of the value the graph uses)."""
-    producers = {name: node for node in model.graph.node for name in node.output if name}
+def _upstream_outputs(
+    producers: dict[str, onnx.NodeProto], outputs: Sequence[str], cones: list[set[str]]
+) -> list[frozenset[int]]:
+    """For each of ``outputs`` (with its ``cones``), the indices of the others it is computed from (an output
+    is often an ``Identity`` of the value the graph uses)."""
     sources = []
     for output in outputs:
         source = output
@@ -73,7 +81,7 @@ def _upstream_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> list[fr
         sources.append(source)
     return [
         frozenset(index for index, source in enumerate(sources) if index != position and source in cone)
-        for position, cone in enumerate(_cones(model, outputs))
+        for position, cone in enumerate(cones)
     ]
 
 
@@ -83,7 +91,9 @@ def _analysis(manager: Any) -> tuple[list[frozenset[str]], list[frozenset[int]]]
     cached = getattr(manager, _CACHE_ATTR, None)
     if cached is None or cached[0] is not model:
         outputs = manager._graph_info.user_output_names
-        cached = (model, output_inputs(model, outputs), _upstream_outputs(model, outputs))
+        producers = _producers(model)
+        cones = _cones(producers, outputs)
+        cached = (model, _graph_inputs(model, cones), _upstream_outputs(producers, outputs, cones))
         setattr(manager, _CACHE_ATTR, cached)
     return cached[1], cached[2]
 
