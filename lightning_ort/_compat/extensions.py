@@ -27,6 +27,9 @@ from lightning_ort.errors import ORTSetupError
 
 EXTENSIONS_PACKAGE = "onnxruntime.training.ortmodule.torch_cpp_extensions"
 CACHE_ENV = "LIGHTNING_ORT_CACHE"
+# torch's JIT builds pass no optimization level, so g++ compiled at -O0: the glue around every ATen
+# node of an ORT graph (executor, arena, operators) ran unoptimized. -O2 keeps IEEE semantics.
+_CXX_FLAGS = ["-O2"]
 
 
 def cache_root() -> Path:
@@ -97,7 +100,7 @@ def _build_dir(name: str, files: list[Path], generated: dict[str, str]) -> Path:
         key.update(file.read_bytes())
     for file_name, text in sorted(generated.items()):
         key.update(f"{file_name}:{text}".encode())
-    for part in (torch.__version__, _ort_version(), sys.version, sysconfig.get_platform()):
+    for part in (torch.__version__, _ort_version(), sys.version, sysconfig.get_platform(), *_CXX_FLAGS):
         key.update(part.encode())
     return cache_root() / "extensions" / f"{name}-{key.hexdigest()[:16]}"
 
@@ -164,6 +167,7 @@ def _build(
             name=name,
             sources=[str(path) for path in sources],
             build_directory=str(build_dir),
+            extra_cflags=_CXX_FLAGS,
             verbose=verbose,
             is_python_module=False,
         )
