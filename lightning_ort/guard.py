@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.utils import _pytree
 
 from lightning_ort import _compat
 from lightning_ort.adapter import ForwardAdapter
@@ -62,6 +63,15 @@ _REPLACED_BEFORE_BACKWARD = (
     "submodules or tensor shapes were replaced before the previous call's backward (a new export now would "
     "free the state that backward needs)"
 )
+_EVAL_CALL_WITH_GRAD = (
+    "called in eval mode with gradients on, between training calls (each switch of train/eval modes would "
+    "export ORT's training graph again; evaluate under torch.no_grad() to use ORT's inference graph)"
+)
+_LASTING_MODES = 3  # eval-mode calls in a row, in the same other modes, before ORT exports for them
+_INPUTS_BEFORE_BACKWARD = (
+    "called with inputs of another structure, dtype, rank or requires_grad before the previous call's backward "
+    "(a new export now would free the state that backward needs)"
+)
 _MODES_BEFORE_BACKWARD = (
     "submodules' train/eval modes changed before the previous call's backward (a new export now would "
     "free the state that backward needs)"
@@ -93,6 +103,11 @@ _HINTS = (
         "on a tensor forward returns and nothing inside forward uses, or keep that module out of ORT with "
         "ORTStrategy(modules=[...])",
     ),
+    (
+        "Argument types: Tensor, bool",
+        "the forward uses a bool in tensor arithmetic (h * flag, a bool argument of forward included), which "
+        "torch's export cannot trace. Fix: convert it first (h * float(flag)), or branch on it (if flag: ...)",
+    ),
 )
 
 # The line naming the exception in a traceback ORT embeds in its own error text
@@ -114,6 +129,21 @@ def _reason(error: BaseException) -> str:
     if len(lines) > 1 and lines[0] not in text:
         text = f"{lines[0][:200]} ... {text}"
     return f"{type(root).__name__}: {text[:600]}"
+
+
+def _input_structure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a call's inputs ORT exports or builds its gradient graph again for: their nesting, each
+    tensor's dtype, rank, device and ``requires_grad``, each bool's value (Python numbers are fed as
+    tensors), the type of anything else."""
+    leaves, spec = _pytree.tree_flatten((args, kwargs))
+    return spec, tuple(
+        (leaf.dtype, leaf.dim(), leaf.device, leaf.requires_grad)
+        if isinstance(leaf, torch.Tensor)
+        else leaf
+        if leaf is None or isinstance(leaf, (bool, str))
+        else type(leaf)
+        for leaf in leaves
+    )
 
 
 def _autocast_state() -> tuple[bool, torch.dtype]:
@@ -174,6 +204,8 @@ class ORTGuard:
         self._graph_autocast: dict[bool, tuple[bool, torch.dtype]] = {}
         self._graph_modes: dict[bool, tuple[bool, ...]] = {}
         self._identities: tuple[int, ...] | None = None  # of the submodules, parameters and buffers ORT reads
+        self._other_modes: tuple[tuple[bool, ...], int] | None = None  # of eval-mode calls with gradients on
+        self._inputs: tuple[Any, ...] | None = None  # what of the training graph's inputs makes ORT export again
         self._layout: tuple[Any, ...] = ()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
@@ -216,12 +248,15 @@ class ORTGuard:
         modules = list(self.owner.modules())
         modes = tuple(module.training for module in modules)
         if self._graph_modes.setdefault(graph, modes) != modes:
+            if graph and not training and not self._lasting_modes(modes):
+                return self._in_pytorch(_EVAL_CALL_WITH_GRAD, args, kwargs)
             if graph and _compat.backward_pending(self._ort_module):
                 # a new graph now would free the state that forward's backward needs (SIGSEGV)
                 return self._in_pytorch(_MODES_BEFORE_BACKWARD, args, kwargs)
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
             _compat.export_again(self._ort_module, graph)
             self._graph_modes[graph] = modes
+        self._other_modes = None
         if _compat.summary_hooks(modules):
             return self._in_pytorch(_MODEL_SUMMARY, args, kwargs)
         identities = _identities(modules)
@@ -231,10 +266,18 @@ class ORTGuard:
             elif not self._take_new_state(modules, graph):
                 return self._in_pytorch(_REPLACED_BEFORE_BACKWARD, args, kwargs)
             self._identities = identities
+        ort_args, ort_kwargs = to_mappings(args), to_mappings(kwargs)
+        if graph:
+            inputs = _input_structure(ort_args, ort_kwargs)
+            if self._inputs not in (None, inputs) and _compat.backward_pending(self._ort_module):
+                # two calls of one step with other inputs (model(x), then model(x, mask)): an export now
+                # would free the first call's state (a segmentation fault in its backward)
+                return self._in_pytorch(_INPUTS_BEFORE_BACKWARD, args, kwargs)
+            self._inputs = inputs
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
             self._check_python_state(modules)
-            output = from_mappings(self._ort_module(*to_mappings(args), **to_mappings(kwargs)))
+            output = from_mappings(self._ort_module(*ort_args, **ort_kwargs))
         except Exception as error:
             self._give_up(error, graph, autocast)
             self.report.torch_calls += 1
@@ -244,6 +287,15 @@ class ORTGuard:
         _compat.refresh_hooked_weights(modules)
         self.report.ort_calls += 1
         return output
+
+    def _lasting_modes(self, modes: tuple[bool, ...]) -> bool:
+        """Whether an eval-mode call with gradients on, in modes other than the training graph's, is part of a
+        lasting switch (the same modes on several calls in a row) that is worth a new export, rather than a
+        call now and then between training calls (a callback evaluating without no_grad)."""
+        other, count = self._other_modes or (modes, 0)
+        count = count + 1 if other == modes else 1
+        self._other_modes = (modes, count)
+        return count >= _LASTING_MODES
 
     def _take_new_state(self, modules: list[torch.nn.Module], graph: bool) -> bool:
         """Give ORT the submodules, parameters and buffers replaced since the last call (a buffer assigned

@@ -76,6 +76,88 @@ def test_eval_and_train_calls_before_one_backward_train_like_eager() -> None:
     assert "changed before the previous call's backward" in reason and calls == 4
 
 
+class TwoInputStructuresInOneLoss(MLP):
+    """Two calls in one step with inputs ORT exports separately (``model(x)``, then ``model(x, offset)``;
+    a 2-D and a 3-D input): the second export, before the first call's backward, crashed or killed the
+    process (SIGSEGV)."""
+
+    def forward(self, x: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
+        features = self.body(x if offset is None else x + offset)
+        return self.head(features)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        plain, shifted = self(x), self(x, torch.full_like(x, 0.1))
+        stacked = self(x[:, None]).squeeze(1)
+        return F.cross_entropy(plain, y) + F.cross_entropy(shifted, y) + 0.1 * F.cross_entropy(stacked, y)
+
+
+def test_calls_with_other_inputs_before_one_backward_train_like_eager() -> None:
+    eager, ort = fit_both(TwoInputStructuresInOneLoss, mlp_loader, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    (report,) = ort.reports
+    assert report.fallback_reason is None and report.ort_calls == 4 and report.torch_calls == 8
+    assert report.torch_call_reasons == {guard._INPUTS_BEFORE_BACKWARD: 8}
+
+
+class SubmoduleCalledBeforeTheModel(CNN):
+    """A submodule with BatchNorm called in eager before the first (exporting) ORT call of the whole model:
+    the export put back the running statistics it changed, which raised the version autograd had saved, and
+    the eager call's backward failed ("modified by an inplace operation")."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        features = self.features(x)
+        return F.cross_entropy(self(x), y) + 0.1 * features.pow(2).mean()
+
+
+def test_submodule_called_in_eager_before_the_export_trains_like_eager() -> None:
+    eager, ort = fit_both(SubmoduleCalledBeforeTheModel, image_loader, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class EvaluatesWithGradInACallback(CNN):
+    """The model called in eval mode with gradients on after every step (an output thrown away): a new export
+    at each switch of modes would cost more than the step; such calls run in PyTorch. Its pending backward
+    made every later training call run in PyTorch before."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.eval()
+        self(batch[0]).sum().item()
+        self.train()
+
+
+class SwitchesToEvalForGood(CNN):
+    """The whole model kept in eval mode from step 2 (frozen statistics for the last steps): after a few calls
+    in those modes ORT exports for them."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx >= 2:
+            self.eval()
+
+
+def test_eval_calls_with_grad_between_training_calls_run_in_pytorch() -> None:
+    eager, ort = fit_both(EvaluatesWithGradInACallback, image_loader, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    (report,) = ort.reports
+    assert report.fallback_reason is None and report.ort_calls == STEPS
+    assert report.torch_call_reasons == {guard._EVAL_CALL_WITH_GRAD: STEPS}
+
+
+def test_a_lasting_switch_to_eval_mode_is_exported() -> None:
+    eager, ort = fit_both(SwitchesToEvalForGood, image_loader, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    (report,) = ort.reports
+    waited = guard._LASTING_MODES - 1
+    assert report.ort_calls == STEPS - waited
+    assert report.torch_call_reasons == {guard._EVAL_CALL_WITH_GRAD: waited}
+
+
 class TeacherInTrainModeUnderNoGrad(CNN):
     """A distillation-style reference output computed under ``no_grad`` with the module left in train
     mode: PyTorch runs that call (it updates BatchNorm's statistics), and the report says why."""

@@ -261,3 +261,112 @@ def test_a_missing_operator_is_the_reason_even_with_number_arguments() -> None:
     assert "Python number argument" not in report.fallback_reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class NumberReadByTorch(Net):
+    """``forward`` gives torch a number argument, or a tensor computed from its inputs, where torch's argument
+    parser reads a Python number; the trace kept the first call's value (silently wrong before)."""
+
+    def __init__(self, use: str) -> None:
+        super().__init__()
+        self.use = use
+        self.register_buffer("eps", torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor, value: float) -> torch.Tensor:  # type: ignore[override]
+        h = torch.tanh(self.a(x))
+        if self.use == "pad_value":
+            h = F.pad(h, (0, 2), value=value)[:, 2:]
+        elif self.use == "layer_norm_eps":
+            h = F.layer_norm(h, (16,), eps=value)
+        elif self.use == "roll":
+            h = torch.roll(h, value, 1)
+        elif self.use == "index_list":
+            h = h * h[:, [value]]
+        elif self.use == "buffer_as_eps":
+            h = F.layer_norm(h, (16,), eps=self.eps * value)
+        return self.b(h)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        value = (1, 3, 2)[batch_idx % 3] if self.use in ("roll", "index_list") else (0.5, 3.0, 1.5)[batch_idx % 3]
+        return F.cross_entropy(self(x, value), y)
+
+
+class NumpyOfActivations(Net):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        h = torch.tanh(self.a(x))
+        return self.b(h) * float(np.exp(-h.detach().abs().mean()))
+
+
+@pytest.mark.parametrize(
+    ("make", "call"),
+    [
+        (lambda: NumberReadByTorch("pad_value"), "gives pad a tensor"),
+        (lambda: NumberReadByTorch("layer_norm_eps"), "gives layer_norm a tensor"),
+        (lambda: NumberReadByTorch("roll"), "gives roll a tensor"),
+        (lambda: NumberReadByTorch("index_list"), "gives __getitem__ a tensor"),
+        (lambda: NumberReadByTorch("buffer_as_eps"), "gives layer_norm a tensor"),
+        (NumpyOfActivations, "converts a tensor computed from its inputs to a NumPy array"),
+    ],
+    ids=["pad_value", "layer_norm_eps", "roll", "index_list", "buffer_as_eps", "numpy"],
+)
+def test_numbers_torch_reads_from_tensors_fall_back(make: type[Net], call: str) -> None:
+    eager, ort = fit_both(make, mlp_loader, STEPS, strategy=ORTStrategy(fallback="warn"))
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and call in report.fallback_reason, report.fallback_reason
+    assert "the trace keeps the first call's number" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class NumbersUsedAsTensors(Net):
+    """Number arguments torch records as tensors in the graph, and sizes of fixed dimensions: these stay in ORT."""
+
+    def forward(self, x: torch.Tensor, value: float) -> torch.Tensor:  # type: ignore[override]
+        h = torch.tanh(self.a(x))
+        h = h.clamp(min=-value) + torch.full_like(h, value) * 0.1
+        h = h.masked_fill(h > 0.9, value)
+        h = h.clone()
+        h[:, 0] = value
+        h = F.pad(h, (0, h.shape[-1] - 16), value=0.0)
+        return self.b(h.view(h.shape[0], -1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x, (0.5, 3.0, 1.5)[batch_idx % 3]), y)
+
+
+def test_numbers_torch_records_as_tensors_stay_in_ort() -> None:
+    eager, ort = fit_both(NumbersUsedAsTensors, mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class BoolInArithmetic(Net):
+    def __init__(self, convert: bool) -> None:
+        super().__init__()
+        self.convert = convert
+
+    def forward(self, x: torch.Tensor, flag: bool) -> torch.Tensor:  # type: ignore[override]
+        h = torch.tanh(self.a(x))
+        return self.b(h * float(flag) + h if self.convert else h * flag + h)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x, batch_idx % 2 == 0), y)
+
+
+def test_a_bool_in_tensor_arithmetic_falls_back_with_the_fix() -> None:
+    eager, ort = fit_both(
+        lambda: BoolInArithmetic(convert=False), mlp_loader, STEPS, strategy=ORTStrategy(fallback="warn")
+    )
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "Fix: convert it first (h * float(flag))" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    eager, ort = fit_both(lambda: BoolInArithmetic(convert=True), mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

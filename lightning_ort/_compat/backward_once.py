@@ -143,8 +143,26 @@ def _noted_outputs(original: Any) -> Any:
 
 
 def backward_pending(manager: Any) -> bool:
-    """Whether a forward run of ORT's training ``manager`` still awaits its backward run."""
-    return any(hasattr(run_info, "state") for run_info in getattr(manager, _PENDING_ATTR, ()))
+    """Whether a forward run of ORT's training ``manager`` still awaits its backward run.
+
+    The outputs noted for the hook check keep their forward's graph alive: an output nothing else holds
+    (``model.eval(); model(x).sum().item()`` in a callback, with gradients on) would have left its run
+    pending for good, and every later call with other modes or inputs ran in PyTorch. Those notes are
+    dropped here; the outputs someone still holds are kept."""
+    pending = getattr(manager, _PENDING_ATTR, ())
+    if not any(hasattr(run_info, "state") for run_info in pending):
+        return False
+    noted = manager.__dict__.get(_OUTPUTS_ATTR)
+    if noted:
+        weak = {
+            node: {index: weakref.ref(output) for index, output in outputs.items()} for node, outputs in noted.items()
+        }
+        noted.clear()
+        for node, references in weak.items():
+            alive = {index: output for index, reference in references.items() if (output := reference()) is not None}
+            if alive:
+                noted[node] = alive
+    return any(hasattr(run_info, "state") for run_info in pending)
 
 
 def install() -> None:

@@ -21,7 +21,7 @@ from torch.onnx import TrainingMode
 
 from lightning_ort._compat import python_reads, trace_checks
 from lightning_ort._compat.batchnorm import record_calls_per_forward
-from lightning_ort._compat.traced_calls import traced_calls
+from lightning_ort._compat.traced_calls import computed_from_inputs, traced_calls
 from lightning_ort.errors import ORTUnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -311,19 +311,9 @@ def _computed_from_inputs(tensor: torch.Tensor) -> bool:
     """Whether the open trace computes ``tensor`` from the graph's inputs (the batch, the parameters),
     not from constants alone (a causal mask cached on first use)."""
     try:
-        values = [torch._C._get_value_trace(tensor)]
+        return computed_from_inputs(torch._C._get_value_trace(tensor))
     except RuntimeError:  # not part of the trace
         return False
-    seen = {values[0].unique()}
-    while values:
-        node = values.pop().node()
-        if node.kind() == "prim::Param":
-            return True
-        for value in node.inputs():
-            if value.unique() not in seen:
-                seen.add(value.unique())
-                values.append(value)
-    return False
 
 
 @contextlib.contextmanager
@@ -374,6 +364,9 @@ def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iter
     other buffer a forward writes in place would silently stop being updated under ORT.
     """
     saved = [(name, buffer, buffer.detach().clone()) for name, buffer in module.named_buffers()]
+    # Autograd checks the version of tensors it saved: BatchNorm saves its running statistics, so an eager
+    # call of a submodule before this export (`self.encoder(x)`, then `self(x)`) failed in backward.
+    versions = [buffer._version for _, buffer, _ in saved]
     changed: list[str] = []
     replaced: list[str] = []
     try:
@@ -391,6 +384,7 @@ def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iter
                 elif not torch.equal(buffer, value):
                     changed.append(name)
                 buffer.copy_(value)
+        torch._C._autograd._unsafe_set_version_counter([buffer for _, buffer, _ in saved], versions)
         handled, _ = _batch_norm_state(module)
         by_name = dict(module.named_buffers())
         # ORT exports its _FlattenedModule, which holds the user's module as `_original_module`.

@@ -8,6 +8,12 @@ trained silently differently from eager PyTorch:
 - a tensor given alone for a pooling size (``F.max_pool1d(h, h.shape[2])``): torch's argument parser
   turns a tensor given for an ``int[N]`` into a number with ``item()``, which neither ``__index__``
   nor a TracerWarning reveals, so the kernel or output size stayed the first batch's;
+- a tensor computed from the graph's inputs given where torch reads a Python number (``F.pad(h, p,
+  value=v)``, ``h.roll(shift)``, ``F.layer_norm(h, s, eps=eps)``, ``F.cross_entropy(..., label_smoothing=t)``,
+  ``h[:, [i]]``), or turned into a NumPy array (``np.exp(t)``): a Python number argument of ``forward`` is
+  such a tensor while ORT exports. torch's argument parser reads it with ``item()`` and the trace keeps
+  the number, so later calls computed with the first call's value. Seen as a result that does not depend
+  on the tensor in the trace;
 - a split along a dimension whose size can change (``len(x.unbind(1))``, ``for i, _ in
   enumerate(x.split(1, dim=1))``) whose parts are never used: only the Python count of the parts
   matters, the trace keeps it as a constant, and the split itself leaves the graph. When a part is
@@ -35,7 +41,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
-from lightning_ort._compat.fixed_sizes import fixed_size
+from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
 
 _POOLING = frozenset(
     f"{kind}_pool{dims}d" for kind in ("max", "avg", "lp", "adaptive_max", "adaptive_avg") for dims in (1, 2, 3)
@@ -44,6 +50,13 @@ _POOLING = frozenset(
 _LP_POOL_SIZES = (frozenset({2, 3}), frozenset({"kernel_size", "stride"}))
 # Splits whose number of parts follows the size of the dimension split: the position of their ``dim``.
 _COUNTED_SPLITS = {"unbind": 1, "split": 2, "unsafe_split": 2, "chunk": 2, "unsafe_chunk": 2}
+_TO_NUMPY = frozenset({"__array__", "numpy"})
+_NUMBER_READ = (
+    "; the trace keeps the first call's number, so every later call would compute with it (a Python number "
+    "argument of forward is a tensor while ORT exports, so is a buffer). Fix: pass a number that does not change "
+    "as a constant (set it in __init__), compute with tensor operations, or keep that module out of ORT with "
+    "ORTStrategy(modules=[...])"
+)
 _GRADIENT_HOOKS = frozenset({"register_hook", "retain_grad", "register_post_accumulate_grad_hook"})
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -115,6 +128,88 @@ def _splits_varying_dimension(func: Any, args: tuple[Any, ...], kwargs: dict[str
     return not fixed_size(value, dim)
 
 
+def computed_from_inputs(value: torch._C.Value) -> bool:
+    """Whether the open trace computes ``value`` from the graph's inputs (the batch, parameters, buffers),
+    not from constants alone."""
+    values, seen = [value], {value.unique()}
+    while values:
+        node = values.pop().node()
+        if node.kind() == "prim::Param":
+            return True
+        for operand in node.inputs():
+            if operand.unique() not in seen:
+                seen.add(operand.unique())
+                values.append(operand)
+    return False
+
+
+def _scalar_tensors(item: Any, found: list[torch.Tensor], depth: int = 0) -> None:
+    """The 0-d tensors in ``item``, also inside lists, tuples, dicts and slices (``h[:, [i]]``)."""
+    if isinstance(item, torch.Tensor):
+        if item.dim() == 0:
+            found.append(item)
+    elif depth < 4 and isinstance(item, (list, tuple)):
+        for element in item:
+            _scalar_tensors(element, found, depth + 1)
+    elif depth < 4 and isinstance(item, dict):
+        for element in item.values():
+            _scalar_tensors(element, found, depth + 1)
+    elif depth < 4 and isinstance(item, slice):
+        for element in (item.start, item.stop, item.step):
+            _scalar_tensors(element, found, depth + 1)
+
+
+def _varying_numbers(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch._C.Value, int]]:
+    """The trace values of the 0-d tensors ``func`` is given besides its first argument (the tensor a
+    method is called on, or a function's main operand) that the graph computes from its inputs and that
+    are not sizes of fixed dimensions, with their count of uses so far: torch may read them as Python
+    numbers. For a conversion to NumPy, the tensor converted."""
+    found: list[torch.Tensor] = []
+    if getattr(func, "__name__", None) in _TO_NUMPY:
+        found.extend(args[:1])
+    else:
+        for argument in (*args[1:], *kwargs.values()):
+            _scalar_tensors(argument, found)
+    values = []
+    for tensor in found:
+        try:
+            value = torch._C._get_value_trace(tensor)
+        except RuntimeError:  # not part of the trace
+            continue
+        if not fixed_number(value) and computed_from_inputs(value):
+            values.append((value, len(value.uses())))
+    return values
+
+
+def _read_as_numbers(func: Any, result: Any, values: list[tuple[torch._C.Value, int]]) -> bool:
+    """Whether the call that returned ``result`` read some of ``values`` (each with its count of uses before
+    the call) as a Python number: its tensor result is not computed from them in the trace, or, for an
+    in-place call (``h.fill_(v)``, ``h[:, 0] = v``, whose trace value stays the view's), no node of the
+    call uses them."""
+    name = getattr(func, "__name__", "")
+    tensors = [leaf for leaf in _pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
+    if name == "__setitem__" or (name.endswith("_") and not name.endswith("__")) or not tensors:
+        return any(len(value.uses()) <= uses for value, uses in values)
+    pending = []
+    for tensor in tensors:
+        try:
+            pending.append(torch._C._get_value_trace(tensor))
+        except RuntimeError:
+            continue
+    if not pending:
+        return False
+    wanted = {value.unique() for value, _ in values}
+    seen = {value.unique() for value in pending}
+    while pending and wanted:
+        value = pending.pop()
+        wanted.discard(value.unique())
+        for operand in value.node().inputs():
+            if operand.unique() not in seen:
+                seen.add(operand.unique())
+                pending.append(operand)
+    return bool(wanted)
+
+
 def _unsupported(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """What the call does and why ORT cannot train it, with the fix, for the calls it cannot."""
     name = getattr(func, "__name__", None)
@@ -164,7 +259,8 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         tracing = torch.jit.is_tracing()
-        if tracing and _gives_size_tensor(func, args, kwargs):
+        sized = tracing and _gives_size_tensor(func, args, kwargs)
+        if sized:
             _note(self.size_tensors, self.locate())
         problem = _unsupported(func, args, kwargs) if tracing else None
         if problem is not None:
@@ -175,8 +271,20 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
             if location is not None:
                 _note(self.unsupported, f"its forward reads Tensor.requires_grad at {location}{_REQUIRES_GRAD_READ}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
+        numbers = _varying_numbers(func, args, kwargs) if tracing and not sized else []  # pooling: its own reason
         recorded = len(self.records)
         result = func(*args, **kwargs)
+        name = getattr(func, "__name__", "a torch function")
+        to_numpy = name in _TO_NUMPY
+        if numbers and (to_numpy or _read_as_numbers(func, result, numbers)):
+            location = self.locate()
+            if location is not None:
+                what = (
+                    "converts a tensor computed from its inputs to a NumPy array"
+                    if to_numpy
+                    else (f"gives {name} a tensor computed from its inputs where torch reads a Python number")
+                )
+                _note(self.unsupported, f"its forward {what} at {location}{_NUMBER_READ}")
         if len(self.records) > recorded:
             _attribute_to_caller(self.records[recorded:], sys._getframe(1))
         location = self.locate() if split else None
