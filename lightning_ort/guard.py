@@ -92,9 +92,10 @@ _HINTS = (
     ),
     (
         "as it's unreachable",
-        "a parameter that requires grad reaches the outputs only through .detach() (a teacher or target network "
-        "inside forward), so eager leaves its gradient None and ORT refuses to build one. Fix: freeze it "
-        "(requires_grad_(False)), which ORT leaves out, or call it outside forward",
+        "ORT found no gradient path from the outputs to a parameter that requires grad: either it reaches them "
+        "only through .detach() (a teacher or target network inside forward; fix: freeze it with "
+        "requires_grad_(False), which ORT leaves out, or call it outside forward), or through an op ORT cannot "
+        "differentiate, such as torch.tensor_split (fix: split with Tensor.split or slices)",
     ),
     (
         "cannot register a hook on a tensor that doesn't require gradient",

@@ -308,6 +308,6 @@ def test_a_frozen_teacher_inside_forward_trains_in_ort() -> None:
 def test_a_trainable_parameter_reached_only_through_detach_falls_back_with_the_fix() -> None:
     eager, ort = fit_both(lambda: Distilled(frozen=False), mlp_loader, 2)
     (report,) = ort.reports
-    assert report.fallback_reason is not None and "Fix: freeze it (requires_grad_(False))" in report.fallback_reason
+    assert report.fallback_reason is not None and "fix: freeze it with requires_grad_(False)" in report.fallback_reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -212,3 +212,67 @@ def test_a_used_split_of_a_varying_dimension_falls_back_with_the_reason() -> Non
     assert report.ort_calls == 2  # the two batches of the exported length
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class Windows(Base):
+    """Windows of 4 positions with a shorter last one (``split``), a number of parts read from the length
+    (``tensor_split``), or the sequence tiled (``tile``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.inner, self.head = nn.Linear(16, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        if self.how == "split":
+            parts = h.split(4, dim=1)
+            return self.head(parts[0].mean(1) - 2 * parts[-1].mean(1))
+        if self.how == "tensor_split":  # the number of parts follows the length
+            parts = torch.tensor_split(h, h.shape[1] // 5 + 2, dim=1)
+            return self.head(parts[-1].mean(1))
+        return self.head(torch.tile(h, (1, 2, 1)).mean(1) + torch.tile(h, (2, 1)).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def test_a_split_with_a_shorter_last_part_trains_in_ort() -> None:
+    """torch's export gave every part the split size when it did not know the length (a length of 7 split
+    by 4 failed in ORT, every call ran in PyTorch); lengths that keep the count of parts now train in ORT."""
+    batches = lambda: sequence_batches([(4, 7), (4, 6), (2, 5), (3, 8)], 16)  # noqa: E731
+    eager, ort = fit_both(lambda: Windows("split"), batches, 4, strategy=lightning_ort.ORTStrategy())
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_a_split_into_another_number_of_parts_still_fails_loudly() -> None:
+    """A length of 11 needs three parts of 4, the graph has two: ORT's Split fails (the sizes no longer add up)
+    instead of splitting into the wrong parts."""
+    batches = lambda: sequence_batches([(4, 7), (4, 11), (2, 5)], 16)  # noqa: E731
+    eager, ort = fit_both(lambda: Windows("split"), batches, 3, strategy=lightning_ort.ORTStrategy())
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and report.ort_calls == 1
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_tensor_split_into_a_number_of_parts_from_the_length_is_refused() -> None:
+    """The trace kept the first batch's number of parts: `parts[-1]` stayed the third part (weights 0.054 off
+    after five steps)."""
+    batches = lambda: sequence_batches([(4, 7), (4, 11), (2, 5), (3, 9), (2, 12)], 16)  # noqa: E731
+    eager, ort = fit_both(lambda: Windows("tensor_split"), batches, 5, strategy=lightning_ort.ORTStrategy())
+    (report,) = ort.reports
+    assert report.fallback_reason is not None
+    assert "splits a tensor into a number of parts computed from its inputs" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_tile_trains_in_ort() -> None:
+    """torch's export of `torch.tile` holds `If` nodes, on which ORT's gradient builder aborted the process."""
+    eager, ort = fit_both(lambda: Windows("tile"), varying_batches, 4, strategy=lightning_ort.ORTStrategy())
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

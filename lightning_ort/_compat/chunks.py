@@ -1,10 +1,16 @@
-"""``unsafe_chunk`` of a dimension whose size the export does not know.
+"""``unsafe_chunk`` and ``split`` of a dimension whose size the export does not know.
 
 ``nn.GRUCell`` and ``nn.LSTMCell`` split their gate pre-activations with ``unsafe_chunk``, and torch's
 symbolic refuses it ("unknown dimension size") unless the export's shape inference knows the size
 of the split dimension. It does not behind some ops: a decoder loop that feeds the cell the
 embedding of its own ``argmax`` fell back to PyTorch. The sizes of the parts are computed in the
 graph instead, as torch's ``chunk`` symbolic already does; ORT differentiates that ``Split``.
+
+``x.split(4, dim=1)`` of a length the export does not know (every sequence dimension) got the sizes
+``[4] * parts``: a length of 7 failed in ORT ("Cannot split using values in 'split' attribute"), so
+the module never ran in ORT. The last part's size is computed in the graph too, held between 1 and
+the split size: a length that needs another number of parts than the export's first batch still
+fails loudly (the sizes no longer add up) instead of splitting silently into the wrong parts.
 """
 
 from __future__ import annotations
@@ -28,8 +34,27 @@ def _unsafe_chunk(g: Any, input: Any, chunks: int, dim: int, _outputs: int | Non
     return g.op("Split", input, sizes, axis_i=dim, outputs=_outputs)
 
 
+def _split(g: Any, input: Any, split_size_or_sizes: Any, dim: Any, _outputs: int | None = None) -> Any:
+    axis = symbolic_helper._maybe_get_const(dim, "i")
+    split_size = symbolic_helper._maybe_get_const(split_size_or_sizes, "i")
+    if (
+        _outputs is None
+        or _outputs < 2
+        or not isinstance(axis, int)
+        or not isinstance(split_size, int)
+        or symbolic_helper._get_tensor_dim_size(input, axis) is not None
+    ):
+        return symbolic_opset13.split(g, input, split_size_or_sizes, dim, _outputs)
+    size = g.op("Gather", g.op("Shape", input), constant(g, [axis]), axis_i=0)
+    last = g.op("Sub", size, constant(g, [split_size * (_outputs - 1)]))
+    last = g.op("Max", g.op("Min", last, constant(g, [split_size])), constant(g, [1]))
+    sizes = g.op("Concat", constant(g, [split_size] * (_outputs - 1)), last, axis_i=0)
+    return g.op("Split", input, sizes, axis_i=axis, outputs=_outputs)
+
+
 def register() -> None:
     """Register the symbolic with ORT's registry (process-wide)."""
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
     CustomOpSymbolicRegistry.register("unsafe_chunk", "", _unsafe_chunk)
+    CustomOpSymbolicRegistry.register("split", "", _split)

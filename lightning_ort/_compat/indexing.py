@@ -17,6 +17,10 @@
 - ``torch.flip``: exported as ``Slice`` with step -1, whose gradient (``SliceGrad``) fails in ORT
   over a dimension of static size. It runs torch's ``flip`` as an ATen node; its gradient is the
   gradient flipped over the same dimensions.
+- ``torch.tile``: torch's export pads the repeats or the shape inside ``If`` nodes, and ORT's gradient
+  builder aborts the process on them (SIGABRT), even at fixed shapes. With the number of repeats
+  known at export it is ``Tensor.repeat`` (``Expand`` and ``Tile``), with the repeats padded with
+  leading ones to the input's rank as ``tile`` does.
 - ``repeat_interleave`` with a tensor of repeats: torch's export reshapes per repeat and ORT's
   gradient fails when one of them is 0. The input is gathered at the positions torch's
   ``repeat_interleave(repeats)`` gives (an ATen node); ``Gather``'s gradient sums the copies back.
@@ -30,6 +34,7 @@ import torch
 from torch.onnx._internal.torchscript_exporter import (
     _type_utils,
     symbolic_helper,
+    symbolic_opset9,
     symbolic_opset10,
     symbolic_opset11,
     symbolic_opset13,
@@ -142,6 +147,22 @@ def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None, output_
     return output
 
 
+def _tile(g: Any, self: Any, dims: Any) -> Any:
+    rank = symbolic_helper._get_tensor_rank(self)
+    repeats = symbolic_helper._maybe_get_const(dims, "is")
+    if rank is not None and not symbolic_helper._is_value(repeats):
+        return symbolic_opset9.repeat(g, self, constant(g, [1] * (rank - len(repeats)) + list(repeats), torch.int64))
+    if rank is not None and symbolic_helper._is_packed_list(dims):  # sizes read from tensors
+        parts = [g.op("Reshape", part, constant(g, [1], torch.int64)) for part in symbolic_helper._unpack_list(dims)]
+        ones = [constant(g, [1] * (rank - len(parts)), torch.int64)] if len(parts) < rank else []
+        return symbolic_opset9.repeat(g, self, g.op("Concat", *ones, *parts, axis_i=0))
+    raise torch.onnx.errors.SymbolicValueError(
+        "Unsupported: ONNX export of torch.tile with repeats or an input of unknown length (ORT cannot train "
+        "torch's form of it). Fix: use Tensor.repeat with one repeat per dimension",
+        self,
+    )
+
+
 def _flip_gradient() -> list[Any]:
     return [aten_node("flip", ["GO(0)", "I(1)"], ["GI(0)"])]
 
@@ -157,4 +178,5 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("scatter_reduce", "", _scatter_reduce)
     CustomOpSymbolicRegistry.register("flip", "", _flip)
     CustomOpSymbolicRegistry.register("repeat_interleave", "", _repeat_interleave)
+    CustomOpSymbolicRegistry.register("tile", "", _tile)
     CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("flip", ""), _flip_gradient)

@@ -14,6 +14,9 @@ trained silently differently from eager PyTorch:
   such a tensor while ORT exports. torch's argument parser reads it with ``item()`` and the trace keeps
   the number, so later calls computed with the first call's value. Seen as a result that does not depend
   on the tensor in the trace;
+- ``torch.tensor_split(x, n)`` with ``n`` computed from the inputs (``x.shape[1] // 5 + 2``): the
+  trace keeps the first call's number of parts, so ``parts[-1]`` or a loop over the parts used the
+  wrong parts (torch takes ``n`` as a tensor there, so the rule above does not see it);
 - a split along a dimension whose size can change (``len(x.unbind(1))``, ``for i, _ in
   enumerate(x.split(1, dim=1))``) whose parts are never used: only the Python count of the parts
   matters, the trace keeps it as a constant, and the split itself leaves the graph. When a part is
@@ -213,6 +216,19 @@ def _read_as_numbers(func: Any, result: Any, values: list[tuple[torch._C.Value, 
 def _unsupported(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """What the call does and why ORT cannot train it, with the fix, for the calls it cannot."""
     name = getattr(func, "__name__", None)
+    if name == "tensor_split":
+        sections = args[1] if len(args) > 1 else next(iter(kwargs.values()), None)
+        if (
+            isinstance(sections, torch.Tensor)
+            and sections.dim() == 0
+            and _varying_numbers(func, args[:1] + (sections,), {})
+        ):
+            return "splits a tensor into a number of parts computed from its inputs", (
+                " (tensor_split(x, n) with n from a size or an argument); the trace keeps the first call's number "
+                "of parts, so later calls would index or loop over the wrong parts. Fix: split into a fixed number "
+                "of parts, or use masks over the whole dimension, or keep that module out of ORT with "
+                "ORTStrategy(modules=[...])"
+            )
     if name == "_pack_padded_sequence":
         return "packs sequences for a recurrent layer", (
             " (pack_padded_sequence); ORT cannot train recurrent layers over packed sequences. Fix: give the layer the "
