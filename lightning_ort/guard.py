@@ -59,23 +59,15 @@ _TRAINING_UNDER_NO_GRAD = (
 )
 _OTHER_AUTOCAST = "called under another autocast state than the one its graph was exported with"
 _MODEL_SUMMARY = "Lightning's model summary (example_input_array) hooks the submodules for their sizes"
-_REPLACED_BEFORE_BACKWARD = (
-    "submodules or tensor shapes were replaced before the previous call's backward (a new export now would "
-    "free the state that backward needs)"
-)
+_BEFORE_BACKWARD = " before the previous call's backward (a new export now would free the state that backward needs)"
+_REPLACED_BEFORE_BACKWARD = "submodules or tensor shapes were replaced" + _BEFORE_BACKWARD
 _EVAL_CALL_WITH_GRAD = (
     "called in eval mode with gradients on, between training calls (each switch of train/eval modes would "
     "export ORT's training graph again; evaluate under torch.no_grad() to use ORT's inference graph)"
 )
 _LASTING_MODES = 3  # eval-mode calls in a row, in the same other modes, before ORT exports for them
-_INPUTS_BEFORE_BACKWARD = (
-    "called with inputs of another structure, dtype, rank or requires_grad before the previous call's backward "
-    "(a new export now would free the state that backward needs)"
-)
-_MODES_BEFORE_BACKWARD = (
-    "submodules' train/eval modes changed before the previous call's backward (a new export now would "
-    "free the state that backward needs)"
-)
+_INPUTS_BEFORE_BACKWARD = "called with inputs of another structure, dtype, rank or requires_grad" + _BEFORE_BACKWARD
+_MODES_BEFORE_BACKWARD = "submodules' train/eval modes changed" + _BEFORE_BACKWARD
 
 # What some errors of ORT and of torch's export mean for the user's module, and the fix
 _HINTS = (

@@ -17,7 +17,23 @@ from torch.utils.data import DataLoader
 import lightning_ort
 
 
-class ViTAttention(Base):
+class Classifier(Base):
+    """Classifies (batch, length, 16) sequences into 3 classes with its ``forward``."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class Probe(Classifier):
+    """A projection to 8 features and a head around a ``forward`` that uses the positions as ``how`` says."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.inner, self.head = nn.Linear(16, 8), nn.Linear(8, 3)
+
+
+class ViTAttention(Classifier):
     """ViT/DeiT-style attention: the packed projection's q, k and v taken apart by iterating over it."""
 
     lr = 0.01
@@ -37,11 +53,8 @@ class ViTAttention(Base):
         out = self.proj((attention @ v).transpose(1, 2).reshape(batch, length, channels))
         return self.head(out.mean(1))
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
 
-
-class Stacked(Base):
+class Stacked(Classifier):
     """Two projections stacked, then iterated over (a constant count of two)."""
 
     def __init__(self) -> None:
@@ -52,31 +65,20 @@ class Stacked(Base):
         left, right = torch.stack([self.left(x), self.right(x)]).contiguous()
         return self.head((left * right.sigmoid()).mean(1))
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
 
-
-class OverRows(Base):
-    """Iterates over a dimension of the input: ``uses`` is how the parts reach the result."""
-
-    def __init__(self, uses: str) -> None:
-        super().__init__()
-        self.uses = uses
-        self.inner, self.head = nn.Linear(16, 8), nn.Linear(8, 3)
+class OverRows(Probe):
+    """Iterates over a dimension of the input: ``how`` is how the parts reach the result."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inner(x)
-        if self.uses == "weighted-rows":  # each row of the batch weighted by its position
+        if self.how == "weighted-rows":  # each row of the batch weighted by its position
             mixed = sum((i + 1) * row.mean(0) for i, row in enumerate(h))
             return self.head(h.mean(1) + mixed)
-        if self.uses == "weighted-positions":  # each position of the sequence weighted by its index
+        if self.how == "weighted-positions":  # each position of the sequence weighted by its index
             return self.head(sum((i + 1) * step for i, step in enumerate(h.transpose(0, 1))))
         # only the count of positions reaches the result: the graph would hold no part at all
         count = sum(1 for _ in h.transpose(0, 1))
         return self.head(h.mean(1) * count)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
 
 
 def varying_batches() -> DataLoader:
@@ -105,7 +107,7 @@ def test_iteration_over_a_varying_size_is_refused(uses: str) -> None:
     assert_states_match(eager, ort)
 
 
-class ScaledByWidth(Base):
+class ScaledByWidth(Classifier):
     """minGPT-style attention: ``B, T, C = x.size()``, heads from ``view(B, T, n_head, C // n_head)`` and
     the scale ``1.0 / math.sqrt(k.size(-1))``, a Python number read from a traced size. ``scale_from``
     ``"sequence"`` reads the sequence length instead, which varies."""
@@ -129,9 +131,6 @@ class ScaledByWidth(Base):
         attention = (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(size))).softmax(dim=-1)
         return self.head((attention @ v).transpose(1, 2).reshape(batch, length, channels).mean(1))
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
-
 
 @pytest.mark.parametrize("scale_from", ["head-width", "head-arithmetic"])
 def test_a_python_number_from_a_fixed_size_trains_in_ort(scale_from: str) -> None:
@@ -152,13 +151,8 @@ def test_a_python_number_from_a_varying_size_is_still_refused() -> None:
     assert_states_match(eager, ort)
 
 
-class SplitCount(Base):
+class SplitCount(Probe):
     """Splits the positions of a sequence: ``how`` is which split, and how its parts reach the result."""
-
-    def __init__(self, how: str) -> None:
-        super().__init__()
-        self.how = how
-        self.inner, self.head = nn.Linear(16, 8), nn.Linear(8, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inner(x)
@@ -174,9 +168,6 @@ class SplitCount(Base):
         else:  # "constant-size": the parts of a dimension a view sets to 2
             count = len(h.view(h.shape[0], h.shape[1], 2, 4).unbind(2))
         return self.head(h.mean(1) * count)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
 
 
 @pytest.mark.parametrize("how", ["unbind-len", "split-enumerate"])
@@ -214,14 +205,9 @@ def test_a_used_split_of_a_varying_dimension_falls_back_with_the_reason() -> Non
     assert_states_match(eager, ort)
 
 
-class Windows(Base):
+class Windows(Probe):
     """Windows of 4 positions with a shorter last one (``split``), a number of parts read from the length
     (``tensor_split``), or the sequence tiled (``tile``)."""
-
-    def __init__(self, how: str) -> None:
-        super().__init__()
-        self.how = how
-        self.inner, self.head = nn.Linear(16, 8), nn.Linear(8, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inner(x)
@@ -232,9 +218,6 @@ class Windows(Base):
             parts = torch.tensor_split(h, h.shape[1] // 5 + 2, dim=1)
             return self.head(parts[-1].mean(1))
         return self.head(torch.tile(h, (1, 2, 1)).mean(1) + torch.tile(h, (2, 1)).mean(1))
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1])
 
 
 def test_a_split_with_a_shorter_last_part_trains_in_ort() -> None:

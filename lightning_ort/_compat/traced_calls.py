@@ -131,19 +131,22 @@ def _splits_varying_dimension(func: Any, args: tuple[Any, ...], kwargs: dict[str
     return not fixed_size(value, dim)
 
 
+def _ancestors(values: list[torch._C.Value]) -> Iterator[torch._C.Value]:
+    """``values`` and every value the open trace computes them from, each once."""
+    pending, seen = list(values), {value.unique() for value in values}
+    while pending:
+        value = pending.pop()
+        yield value
+        for operand in value.node().inputs():
+            if operand.unique() not in seen:
+                seen.add(operand.unique())
+                pending.append(operand)
+
+
 def computed_from_inputs(value: torch._C.Value) -> bool:
     """Whether the open trace computes ``value`` from the graph's inputs (the batch, parameters, buffers),
     not from constants alone."""
-    values, seen = [value], {value.unique()}
-    while values:
-        node = values.pop().node()
-        if node.kind() == "prim::Param":
-            return True
-        for operand in node.inputs():
-            if operand.unique() not in seen:
-                seen.add(operand.unique())
-                values.append(operand)
-    return False
+    return any(ancestor.node().kind() == "prim::Param" for ancestor in _ancestors([value]))
 
 
 def _scalar_tensors(item: Any, found: list[torch.Tensor], depth: int = 0) -> None:
@@ -202,22 +205,18 @@ def _read_as_numbers(func: Any, result: Any, values: list[tuple[torch._C.Value, 
     if not pending:
         return False
     wanted = {value.unique() for value, _ in values}
-    seen = {value.unique() for value in pending}
-    while pending and wanted:
-        value = pending.pop()
-        wanted.discard(value.unique())
-        for operand in value.node().inputs():
-            if operand.unique() not in seen:
-                seen.add(operand.unique())
-                pending.append(operand)
-    return bool(wanted)
+    for ancestor in _ancestors(pending):
+        wanted.discard(ancestor.unique())
+        if not wanted:
+            return False
+    return True
 
 
 def _unsupported(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """What the call does and why ORT cannot train it, with the fix, for the calls it cannot."""
     name = getattr(func, "__name__", None)
     if name == "tensor_split":
-        sections = args[1] if len(args) > 1 else next(iter(kwargs.values()), None)
+        sections = args[1] if len(args) > 1 else kwargs.get("sections", kwargs.get("tensor_indices_or_sections"))
         if (
             isinstance(sections, torch.Tensor)
             and sections.dim() == 0
