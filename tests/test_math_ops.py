@@ -33,6 +33,10 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     # torch's export truncated where eager rounds down (negative quotients)
     "floor-divide": lambda h: h * ((h.detach() * 3) // 2),
     "right-shift": lambda h: h * ((h.detach() * 4).long() >> 1).float(),
+    # torch's export cast float bounds to the integer tensor's type, where eager promotes the tensor
+    "integer-clamp-float-bounds": lambda h: h * (h.detach() * 4).long().clamp(-1.5, 1.5),
+    "integer-clamp-min": lambda h: h * torch.clamp_min((h.detach() * 4).long(), -0.5),
+    "integer-clamp-max": lambda h: h * (h.detach() * 4).long().clamp(max=0.5),
 }
 
 

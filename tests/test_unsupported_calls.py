@@ -370,3 +370,70 @@ def test_a_bool_in_tensor_arithmetic_falls_back_with_the_fix() -> None:
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class TensorsOfNumbers(Net):
+    """``torch.tensor`` and its kin over Python numbers: constants, also when the numbers are read from the
+    module (``self.weights``, which a schedule may change at step 3: watched like any other read)."""
+
+    def __init__(self, change: bool) -> None:
+        super().__init__()
+        self.change = change
+        self.weights = [1.0, 2.0, 0.5]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x)) * torch.tensor(0.5) + torch.as_tensor([[1.0] * 8 + [-1.0] * 8])
+        h = h.clamp(torch.tensor(-0.75), x.new_tensor(0.75)) + torch.asarray([True] * 16)
+        return self.b(h) * torch.tensor(self.weights)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.change and batch_idx == 3:
+            self.weights[1] = 3.0
+        return super().training_step(batch, batch_idx)
+
+
+def test_tensors_of_python_numbers_stay_in_ort() -> None:
+    eager, ort = fit_both(lambda: TensorsOfNumbers(change=False), mlp_loader, STEPS)
+    assert_ort_ran(ort, STEPS)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    eager, ort = fit_both(
+        lambda: TensorsOfNumbers(change=True), mlp_loader, STEPS, strategy=ORTStrategy(fallback="warn")
+    )
+    (report,) = ort.reports
+    assert report.ort_calls == 3 and "reads self.weights" in str(report.fallback_reason), report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class TensorOfSizes(Net):
+    """A tensor built from a list holding a size: ``torch.asarray`` kept the first batch's size silently."""
+
+    def __init__(self, build: str) -> None:
+        super().__init__()
+        self.build = build
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        factory = torch.asarray if self.build == "asarray" else torch.tensor
+        return self.b(torch.tanh(self.a(x))) / factory([x.shape[0], 1])[0]
+
+
+@pytest.mark.parametrize("build", ["asarray", "tensor"])
+def test_a_tensor_built_from_a_list_of_sizes_falls_back_naming_the_fix(build: str) -> None:
+    eager, ort = fit_both(
+        lambda: TensorOfSizes(build), _shrinking_batches, STEPS, strategy=ORTStrategy(fallback="warn")
+    )
+    (report,) = ort.reports
+    reason = report.fallback_reason
+    assert reason is not None and f"builds a tensor with {build} from a list holding tensors" in reason, reason
+    assert "torch.stack" in reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def _shrinking_batches() -> torch.utils.data.DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(n, 16, generator=generator), torch.randint(0, 3, (n,), generator=generator)) for n in (8, 6, 4)
+    ]
+    return torch.utils.data.DataLoader(batches * 2, batch_size=None)

@@ -11,7 +11,8 @@ Silently wrong before: ORT 1.19.2 has no gradient for ``Pow``'s exponent and dro
 with a tensor exponent (``2.0 ** h``, GeM pooling's learnt ``p`` where ``p`` also reaches the loss
 another way) trained without that term; such powers run torch's ``pow`` with eager's gradients.
 ``a // b`` and ``k >> n`` of negative integers rounded toward zero in torch's export, where eager
-rounds down.
+rounds down. ``clamp`` of an integer tensor with float bounds (``k.clamp(-1.5, 1.5)``, a float tensor
+in eager) cast the bounds to integers in torch's export; the tensor is now cast to the result's type.
 """
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ def _right_shift(g: Any, self: Any, other: Any) -> Any:
     return symbolic_opset9._floor_divide(g, self, g.op("Cast", power, to_i=scalar_type.onnx_type()))
 
 
+def _promoting_clamp(operator: str) -> Any:
+    """torch's ``operator`` symbolic, given the tensor in the type of the traced result: the symbolic casts
+    the bounds to the tensor's type, where torch promotes an integer tensor to the bounds' float type."""
+    torch_symbolic = getattr(symbolic_opset11, operator)
+
+    def symbolic(g: Any, self: Any, *bounds: Any) -> Any:
+        undefined = _type_utils.JitScalarType.UNDEFINED
+        wanted = _type_utils.JitScalarType.from_value(g.original_node.output(), undefined)
+        if wanted not in (undefined, _type_utils.JitScalarType.from_value(self, undefined)):
+            self = g.op("Cast", self, to_i=wanted.onnx_type())
+        return torch_symbolic(g, self, *bounds)
+
+    return symbolic
+
+
 def _zero_gradient() -> list[Any]:
     return [aten_node("lightning_ort::zeros_like", ["GO(0)"], ["GI(0)"])]
 
@@ -116,6 +132,8 @@ def register() -> None:
         CustomOpSymbolicRegistry.register(name, "", symbolic_opset9._floor_divide)
     for name in ("__rshift_", "bitwise_right_shift"):
         CustomOpSymbolicRegistry.register(name, "", _right_shift)
+    for name in ("clamp", "clamp_min", "clamp_max"):
+        CustomOpSymbolicRegistry.register(name, "", _promoting_clamp(name))
     register_gradient(_POW, f"{_POW}_backward", ["GO(0)", "I(0)", "I(1)"], ["GI(0)", "GI(1)"])
     register_simple_gradient("atan", "lightning_ort::atan_backward", ["GO(0)", "I(0)"])
     register_simple_gradient("expm1", "lightning_ort::expm1_backward", ["GO(0)", "O(0)"])

@@ -22,6 +22,11 @@ trained silently differently from eager PyTorch:
   matters, the trace keeps it as a constant, and the split itself leaves the graph. When a part is
   used, ORT's ``Split`` fails loudly on a batch of another size instead.
 
+``torch.tensor`` (and ``as_tensor``, ``asarray``, ``Tensor.new_tensor``) of Python numbers is a constant
+on every call, so torch's TracerWarning for it is dropped (``torch.tensor(0.5)``, class weights from a
+list; a number read from the module is watched by ``python_reads``); built from a list holding tensors
+(``torch.tensor([x.shape[0], 1])``), it is refused with the fix.
+
 It also names calls ORT cannot train, whose own errors said nothing a user could act on: packed
 sequences for a recurrent layer, an EmbeddingBag given ``per_sample_weights``; and gradient hooks
 on the forward's tensors (``h.register_hook(...)``, ``retain_grad()``), which left nothing in the
@@ -60,6 +65,10 @@ _NUMBER_READ = (
     "as a constant (set it in __init__), compute with tensor operations, or keep that module out of ORT with "
     "ORTStrategy(modules=[...])"
 )
+# Functions that copy a data argument (at this position) into a new tensor, which the trace keeps as a constant
+_FROM_DATA = {"tensor": 0, "as_tensor": 0, "asarray": 0, "new_tensor": 1}
+_CONSTANT_DATA = "results are registered as constants in the trace"
+_PYTHON_NUMBERS = (bool, int, float, complex)
 _GRADIENT_HOOKS = frozenset({"register_hook", "retain_grad", "register_post_accumulate_grad_hook"})
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -212,6 +221,29 @@ def _read_as_numbers(func: Any, result: Any, values: list[tuple[torch._C.Value, 
     return True
 
 
+def _data_kind(data: Any, depth: int = 0) -> str | None:
+    """``"numbers"`` for Python numbers, also in nested lists and tuples; ``"tensors"`` for lists or tuples
+    holding a tensor; ``None`` for anything else (a tensor alone, a NumPy array)."""
+    if isinstance(data, _PYTHON_NUMBERS):
+        return "numbers"
+    if depth and isinstance(data, torch.Tensor):
+        return "tensors"
+    if depth >= 4 or not isinstance(data, (list, tuple)):
+        return None
+    kinds = {_data_kind(element, depth + 1) for element in data}
+    if "tensors" in kinds:
+        return "tensors"
+    return "numbers" if kinds <= {"numbers"} else None
+
+
+def _copied_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The :func:`_data_kind` of what ``torch.tensor`` and its kin copy into a tensor; ``None`` for other calls."""
+    position = _FROM_DATA.get(getattr(func, "__name__", None))  # type: ignore[arg-type]
+    if position is None:
+        return None
+    return _data_kind(args[position] if len(args) > position else kwargs.get("data", kwargs.get("obj")))
+
+
 def _unsupported(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """What the call does and why ORT cannot train it, with the fix, for the calls it cannot."""
     name = getattr(func, "__name__", None)
@@ -228,6 +260,12 @@ def _unsupported(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
                 "of parts, or use masks over the whole dimension, or keep that module out of ORT with "
                 "ORTStrategy(modules=[...])"
             )
+    if _copied_data(func, args, kwargs) == "tensors":
+        return f"builds a tensor with {name} from a list holding tensors", (
+            "; the trace copies their values into a constant, so every later call would use the first call's. "
+            "Fix: combine tensors with torch.stack or torch.cat, or keep that module out of ORT with "
+            "ORTStrategy(modules=[...])"
+        )
     if name == "_pack_padded_sequence":
         return "packs sequences for a recurrent layer", (
             " (pack_padded_sequence); ORT cannot train recurrent layers over packed sequences. Fix: give the layer the "
@@ -289,6 +327,10 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         numbers = _varying_numbers(func, args, kwargs) if tracing and not sized else []  # pooling: its own reason
         recorded = len(self.records)
         result = func(*args, **kwargs)
+        if tracing and _copied_data(func, args, kwargs) == "numbers":
+            # a tensor of Python numbers is the same on every call; a number read from the module is watched
+            # by python_reads, one converted from a tensor has its own TracerWarning
+            self.records[recorded:] = [r for r in self.records[recorded:] if _CONSTANT_DATA not in str(r.message)]
         name = getattr(func, "__name__", "a torch function")
         to_numpy = name in _TO_NUMPY
         if numbers and (to_numpy or _read_as_numbers(func, result, numbers)):
