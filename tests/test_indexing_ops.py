@@ -62,6 +62,10 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "scatter-reduce-sum": lambda h: h.scatter_reduce(-1, INDEX.expand_as(h), torch.tanh(h), "sum"),
     "flip-features": lambda h: h.flip(-1) * h,
     "flip-two-dims": lambda h: h.flip(1, 2) * h,
+    # torch's export did not take the shift modulo the size: unrolled where it exceeds it (batch of 2, length 1)
+    "roll-past-the-size": lambda h: h.roll(3, 0) * h + h.roll(-5, 1),
+    "roll-two-dims": lambda h: h.roll((1, -2), (1, 2)) * h,
+    "roll-flattened": lambda h: h.roll(7) * h,
     "repeat-interleave-zero": lambda h: h.repeat_interleave(REPEATS, dim=-1) * h,
     "repeat-interleave-flat": lambda h: h * h[:1, 0].repeat_interleave(REPEATS),
 }

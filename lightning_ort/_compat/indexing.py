@@ -21,6 +21,10 @@
   builder aborts the process on them (SIGABRT), even at fixed shapes. With the number of repeats
   known at export it is ``Tensor.repeat`` (``Expand`` and ``Tile``), with the repeats padded with
   leading ones to the input's rank as ``tile`` does.
+- ``torch.roll``: torch's export slices from ``-shift`` without taking the shift modulo the size, so
+  a shift larger than the dimension (``roll(3, 0)`` on a batch of 2) left the tensor unrolled:
+  silently wrong training; without ``dims`` the export failed. It runs torch's ``roll`` as an ATen
+  node; its gradient is the gradient rolled back.
 - ``repeat_interleave`` with a tensor of repeats: torch's export reshapes per repeat and ORT's
   gradient fails when one of them is 0. The input is gathered at the positions torch's
   ``repeat_interleave(repeats)`` gives (an ATen node); ``Gather``'s gradient sums the copies back.
@@ -45,7 +49,7 @@ from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node
 from lightning_ort._compat.torch_kernels import ATEN, _none, aten_like, constant
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
-SAME_SHAPE_OPERATORS = ("flip",)
+SAME_SHAPE_OPERATORS = ("flip", "roll")
 _INTEGERS = (_type_utils.JitScalarType.INT64, _type_utils.JitScalarType.INT)
 
 
@@ -127,6 +131,13 @@ def _flip(g: Any, input: Any, dims: Any) -> Any:
     return aten_like(g, "flip", input, constant(g, list(axes), torch.int64))
 
 
+def _roll(g: Any, input: Any, shifts: Any, dims: Any) -> Any:
+    amounts, axes = (symbolic_helper._maybe_get_const(value, "is") for value in (shifts, dims))
+    if symbolic_helper._is_value(amounts) or symbolic_helper._is_value(axes):
+        return symbolic_opset9.roll(g, input, shifts, dims)
+    return aten_like(g, "roll", input, constant(g, list(amounts), torch.int64), constant(g, list(axes), torch.int64))
+
+
 def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None, output_size: Any = None) -> Any:
     axis = None if symbolic_helper._is_none(dim) else symbolic_helper._maybe_get_const(dim, "i")
     sizes = symbolic_helper._get_tensor_sizes(repeats) if symbolic_helper._is_value(repeats) else None
@@ -167,6 +178,10 @@ def _flip_gradient() -> list[Any]:
     return [aten_node("flip", ["GO(0)", "I(1)"], ["GI(0)"])]
 
 
+def _roll_gradient() -> list[Any]:
+    return [("Neg", ["I(1)"], ["shifts_back"]), aten_node("roll", ["GO(0)", "shifts_back", "I(2)"], ["GI(0)"])]
+
+
 def register() -> None:
     """Register the symbolics and gradients with ORT's registries (process-wide)."""
     from onnxruntime.training.ortmodule._custom_gradient_registry import CustomGradientRegistry
@@ -179,4 +194,6 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("flip", "", _flip)
     CustomOpSymbolicRegistry.register("repeat_interleave", "", _repeat_interleave)
     CustomOpSymbolicRegistry.register("tile", "", _tile)
+    CustomOpSymbolicRegistry.register("roll", "", _roll)
     CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("flip", ""), _flip_gradient)
+    CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("roll", ""), _roll_gradient)
