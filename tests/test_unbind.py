@@ -181,3 +181,38 @@ def test_parts_are_copies_of_the_input(shape: tuple[int, ...], perm: tuple[int, 
     for part, expected in zip(parts, x.permute(perm).unbind(dim), strict=True):
         assert torch.equal(part, expected) and part.is_contiguous()
         assert part.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+class MixtureOfExperts(Base):
+    """Mixtral-style top-2 routing: each expert takes the tokens ``torch.where(idx == e)`` finds. The
+    (token, slot) pairs are the two halves of ``nonzero``'s last dimension, split by the packed-split
+    rewrite; when an expert got no token, its reshape could not infer the part's size of an empty tensor
+    and the module fell back to PyTorch for good."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(4, 4)
+        self.experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits, chosen = self.router(x).topk(2, dim=-1)
+        weights, out = logits.softmax(-1), torch.zeros_like(x)
+        for number, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == number)
+            out = out.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+        return self.head(x + out)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def test_experts_without_tokens_train_in_ort_like_eager() -> None:
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(n, 4, generator=generator), torch.randint(0, 3, (n,), generator=generator)) for n in (32, 1)
+    ]
+    eager, ort = fit_both(MixtureOfExperts, lambda: DataLoader(batches * 2, batch_size=None), 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

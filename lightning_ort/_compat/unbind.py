@@ -112,9 +112,10 @@ class _Rewrite(GraphRewrite):
         if sizes is None and (last is None or last % parts):
             return  # equal parts (num_outputs) need a length that divides
         name = f"{split.name or split.output[0]}/lightning_ort_packed"
+        size = sizes[0] if sizes is not None else last // parts  # not -1: it is unknown for an empty tensor
         shape = helper.make_node(
             "Constant", [], [f"{name}_shape"], name=f"{name}/shape",
-            value=numpy_helper.from_array(np.array([0] * (rank - 1) + [parts, -1], dtype=np.int64)),
+            value=numpy_helper.from_array(np.array([0] * (rank - 1) + [parts, size], dtype=np.int64)),
         )  # fmt: skip
         packed = helper.make_node("Reshape", [source, f"{name}_shape"], [name], name=f"{name}/reshape")
         self._replace([split], name, list(range(rank + 1)), rank - 1, list(split.output), [shape, packed])
