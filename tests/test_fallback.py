@@ -204,6 +204,61 @@ def test_values_read_by_the_export_that_change_later_hand_the_module_to_pytorch(
     assert_states_match(eager, ort)
 
 
+_PLUGIN = """
+import torch
+SCALE = 3.0
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 3)
+    def forward(self, x):
+        return self.linear(x) * SCALE
+"""
+
+
+class PluginModel(L.LightningModule):
+    """A model whose layer comes from a file run with ``importlib`` and never registered in ``sys.modules``
+    (a plugin loader): its global ``SCALE`` was read again from ``sys.modules`` and found missing, so ORT gave
+    the module up at the second step; a change there went unseen."""
+
+    def __init__(self, plugin: types.ModuleType, change_at: int | None) -> None:
+        super().__init__()
+        self.set_scale = lambda value: setattr(plugin, "SCALE", value)  # deep copies keep the same module
+        self.change_at = change_at
+        self.inner = plugin.Scaled()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.set_scale(0.5 if self.change_at is not None and batch_idx >= self.change_at else 3.0)
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("change_at", [None, 2])
+def test_globals_of_a_module_outside_sys_modules_are_read_where_forward_reads_them(
+    tmp_path: Any, change_at: int | None
+) -> None:
+    import importlib.util
+
+    (tmp_path / "plugin_layers.py").write_text(_PLUGIN)
+    spec = importlib.util.spec_from_file_location("plugin_layers", tmp_path / "plugin_layers.py")
+    assert spec is not None and spec.loader is not None
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    eager, ort = fit_both(lambda: PluginModel(plugin, change_at), mlp_loader, 5, strategy=ORTStrategy(fallback="warn"))
+    (report,) = ort.reports
+    if change_at is None:
+        assert_ort_ran(ort, 5)
+    else:
+        assert report.ort_calls == change_at and "the global plugin_layers.SCALE" in str(report.fallback_reason)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
 def test_reason_keeps_what_ort_says_went_wrong() -> None:
     check = RuntimeError(
         "/onnxruntime_src/orttraining/core/graph/gradient_builder_registry.cc:29 onnxruntime::training::GradientDef "
@@ -311,3 +366,41 @@ def test_a_trainable_parameter_reached_only_through_detach_falls_back_with_the_f
     assert report.fallback_reason is not None and "fix: freeze it with requires_grad_(False)" in report.fallback_reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class DropoutThenSpectrum(L.LightningModule):
+    """Dropout, then an op ORT cannot export (``torch.fft``): the module falls back to PyTorch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.5)
+        self.b = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.tanh(self.a(x)))
+        return self.b(torch.fft.irfft(torch.fft.rfft(h, dim=-1), n=16, dim=-1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y) + 0.01 * torch.rand(()).item()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_failed_export_leaves_the_random_numbers_of_eager() -> None:
+    """The export's trace draws dropout masks; after a failed export the generator is put back, so PyTorch's
+    calls draw what the run without ORT draws (the masks differed, and every later random number)."""
+    torch.manual_seed(0)
+    model = DropoutThenSpectrum()
+    twin = DropoutThenSpectrum()
+    twin.load_state_dict(model.state_dict())
+    torch.manual_seed(1)
+    eager = fit(model, mlp_loader(), "auto", 6)
+    torch.manual_seed(1)
+    ort = fit(twin, mlp_loader(), ORTStrategy(fallback="warn"), 6)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "fft" in report.fallback_reason
+    assert_losses_match(eager, ort, rtol=0)
+    assert_states_match(eager, ort, atol=0, rtol=0)

@@ -429,6 +429,22 @@ def _check_static_patterns(module: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
+def _random_states_kept() -> Iterator[None]:
+    """Python's, NumPy's and torch's random states as they were before the block, also when it raises.
+
+    The trace runs ``forward``, whose dropout draws from torch's generator. ORT puts the states back after
+    an export that succeeds only; after one that fails, the module's calls in PyTorch drew other numbers
+    than the same run without ORT would."""
+    from onnxruntime.training.ortmodule import _utils
+
+    states = _utils.get_random_states()
+    try:
+        yield
+    finally:
+        _utils.set_random_states(states)
+
+
+@contextlib.contextmanager
 def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     """Run ORT's export of ``module`` safely.
 
@@ -448,6 +464,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     versions = trace_checks.parameter_versions(module)
     exported = _ExportRecord()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_random_states_kept())
         mutated, replaced = stack.enter_context(_preserved_buffers(module, exported))
         reads = python_reads.reads_of(adapter_of(module))
         stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))

@@ -62,6 +62,9 @@ class PythonReads:
     watched: dict[int, tuple[int, str]] = field(default_factory=dict)
     # module-level values the user's forward methods name: (the Python module's name, the global's) -> snapshot
     globals: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # the namespaces those values are read from again, by the Python module's name: not necessarily
+    # ``sys.modules[name]`` (a model file run with ``importlib``'s ``exec_module`` and never registered there)
+    namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 _READS: weakref.WeakKeyDictionary[torch.nn.Module, PythonReads] = weakref.WeakKeyDictionary()
@@ -80,6 +83,7 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
     from lightning.pytorch import Trainer
 
     reads.modules.update(modules)
+    reads.namespaces.update(_namespaces(modules))
     for module, _ in modules.values():
         reads.globals.update(_global_numbers(type(module)))
     original = torch.nn.Module.__getattribute__
@@ -162,16 +166,33 @@ def _patched(cls: type, name: str, function: Any) -> Iterator[None]:
             setattr(cls, name, own)
 
 
-def _global_numbers(cls: type) -> dict[tuple[str, str], Any]:
-    """Snapshots of the module-level values ``cls.forward`` names (``x / TEMPERATURE``, ``SCHEDULE["scale"]``),
-    for a class outside torch and Lightning: the trace holds them as constants too."""
+def _forward_namespace(cls: type) -> dict[str, Any] | None:
+    """The module-level namespace of ``cls.forward``, for a class outside torch and Lightning."""
     forward = getattr(cls, "forward", None)
     namespace = getattr(forward, "__globals__", None)
-    code = getattr(forward, "__code__", None)
-    if namespace is None or code is None or str(namespace.get("__name__")).startswith(("torch.", "lightning.")):
+    if namespace is None or getattr(forward, "__code__", None) is None:
+        return None
+    return None if str(namespace.get("__name__")).startswith(("torch.", "lightning.")) else namespace
+
+
+def _namespaces(modules: dict[int, tuple[torch.nn.Module, str]]) -> dict[str, dict[str, Any]]:
+    """The :func:`_forward_namespace` of each of ``modules``' classes, by the Python module's name."""
+    found = {}
+    for module, _ in modules.values():
+        namespace = _forward_namespace(type(module))
+        if namespace is not None:
+            found[namespace.get("__name__", "")] = namespace
+    return found
+
+
+def _global_numbers(cls: type) -> dict[tuple[str, str], Any]:
+    """Snapshots of the module-level values ``cls.forward`` names (``x / TEMPERATURE``, ``SCHEDULE["scale"]``):
+    the trace holds them as constants too."""
+    namespace = _forward_namespace(cls)
+    if namespace is None:
         return {}
     names: set[str] = set()
-    codes = [code]
+    codes = [cls.forward.__code__]
     while codes:
         current = codes.pop()
         names.update(current.co_names)
@@ -192,9 +213,12 @@ def snapshot(value: Any) -> Any:
     return None
 
 
-def _global(module_name: str, name: str) -> Any:
-    module = sys.modules.get(module_name)
-    return None if module is None else vars(module).get(name)
+def _global(module_name: str, name: str, namespaces: dict[str, dict[str, Any]]) -> Any:
+    namespace = namespaces.get(module_name)
+    if namespace is None:
+        module = sys.modules.get(module_name)
+        namespace = None if module is None else vars(module)
+    return None if namespace is None else namespace.get(name)
 
 
 def _add(values: list[Any], value: Any) -> None:
@@ -289,7 +313,7 @@ def changed_read(module: torch.nn.Module) -> str | None:
                 fix = "none needed when a callback changed it (StochasticWeightAveraging's BatchNorm update does)"
             return _changed_number(f"{path}.{name}", values[0], current, fix)
     for (module_name, name), value in reads.globals.items():
-        current = snapshot(_global(module_name, name))
+        current = snapshot(_global(module_name, name, reads.namespaces))
         if current != value or type(current) is not type(value):
             if isinstance(value, dict):
                 return _changed_values(f"the global {module_name}.{name}", value["values"])
@@ -391,8 +415,9 @@ def from_record(
         if owner is None:
             return f"the values in {path}.{name} are not as when the cached graph was exported"
         containers[(id(owner), name)] = expected
+    namespaces = _namespaces(modules)
     for module_name, name, value in record.get("globals", []):
-        if snapshot(_global(module_name, name)) != value:
+        if snapshot(_global(module_name, name, namespaces)) != value:
             return f"the global {module_name}.{name} is not {value!r} as when the cached graph was exported"
     tensors: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for path, name in record["tensors"]:
@@ -406,6 +431,7 @@ def from_record(
     reads.items.update(items)
     reads.containers.update(containers)
     reads.globals.update({(module_name, name): value for module_name, name, value in record.get("globals", [])})
+    reads.namespaces.update(namespaces)
     reads.tensors.update(tensors)
     return None
 
