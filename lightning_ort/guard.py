@@ -70,6 +70,11 @@ _INPUTS_BEFORE_BACKWARD = "called with inputs of another structure, dtype, rank 
 _MODES_BEFORE_BACKWARD = "submodules' train/eval modes changed" + _BEFORE_BACKWARD
 
 # What some errors of ORT and of torch's export mean for the user's module, and the fix
+_COMPLEX = (
+    "the forward computes with complex tensors (torch.view_as_complex or torch.polar, as rotary embeddings in "
+    "their complex form do), which ORT cannot hold. Fix: rotate with real tensors (x * cos + rotate_half(x) * sin), "
+    "or keep that module out of ORT with ORTStrategy(modules=[...])"
+)
 _HINTS = (
     (
         "Cannot split using values in 'split' attribute",
@@ -96,6 +101,9 @@ _HINTS = (
         "on a tensor forward returns and nothing inside forward uses, or keep that module out of ORT with "
         "ORTStrategy(modules=[...])",
     ),
+    ("ComplexFloat is an unexpected tensor scalar type", _COMPLEX),
+    ("'aten::polar'", _COMPLEX),
+    ("'aten::view_as_complex'", _COMPLEX),
     (
         "Argument types: Tensor, bool",
         "the forward uses a bool in tensor arithmetic (h * flag, a bool argument of forward included), which "
@@ -327,7 +335,8 @@ class ORTGuard:
 
     def _give_up(self, error: Exception, training: bool, autocast: tuple[bool, torch.dtype]) -> None:
         reason = _reason(error)
-        if autocast[0] and "Could not find an implementation" in reason:
+        dtype = f"tensor({str(autocast[1]).removeprefix('torch.')})"
+        if autocast[0] and ("Could not find an implementation" in reason or (dtype in reason and "invalid" in reason)):
             reason += (
                 f" (under {autocast[1]} autocast: this ORT build has no {autocast[1]} kernel for the op; "
                 "precision='32-true' keeps the module in ORT)"

@@ -299,6 +299,31 @@ def test_unpooling_falls_back_with_what_the_error_means() -> None:
     assert_states_match(eager, ort)
 
 
+class ComplexRotation(MLP):
+    """Rotary embeddings in their complex form (LLaMA's reference code): pairs of features rotated by unit
+    complex numbers, computed in ``forward`` or kept in a buffer."""
+
+    def __init__(self, kept: bool) -> None:
+        super().__init__()
+        self.kept = kept
+        self.register_buffer("angles", torch.polar(torch.ones(16), torch.arange(16) * 0.1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        angles = self.angles if self.kept else torch.polar(torch.ones(16), torch.arange(16) * 0.1)
+        rotated = torch.view_as_real(torch.view_as_complex(h.reshape(h.shape[0], -1, 2)) * angles)
+        return self.head(rotated.flatten(1))
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["buffer", "computed"])
+def test_complex_tensors_fall_back_naming_the_real_rotation(kept: bool) -> None:
+    eager, ort = fit_both(lambda: ComplexRotation(kept), mlp_loader, 2)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "rotate_half" in report.fallback_reason, report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
 class SpectralNormalised(MLP):
     def __init__(self) -> None:
         super().__init__()

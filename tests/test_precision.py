@@ -31,6 +31,26 @@ def test_bf16_mixed_on_cpu_falls_back_naming_the_missing_kernel() -> None:
     assert_states_match(eager, ort, atol=0, rtol=0)
 
 
+class TopFeaturesCNN(CNN):
+    """Keeps the two strongest channels at each position (ORT's TopK has no bfloat16 type)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.features(x)
+        return self.classifier(features * (features >= features.topk(2, dim=1).values[:, -1:]))
+
+
+def test_bf16_mixed_on_cpu_names_autocast_when_ort_rejects_the_type() -> None:
+    eager, ort = fit_both(
+        TopFeaturesCNN, image_loader, 4, precision="bf16-mixed", strategy=ORTStrategy(channels_last=False)
+    )
+    (report,) = ort.reports
+    reason = report.fallback_reason
+    assert reason is not None and "TopK" in reason and "under torch.bfloat16 autocast" in reason, reason
+    assert "precision='32-true' keeps the module in ORT" in reason
+    assert_losses_match(eager, ort, rtol=0)
+    assert_states_match(eager, ort, atol=0, rtol=0)
+
+
 class ChannelsLastCNN(CNN):
     """The same network, trained eagerly in channels-last memory."""
 
