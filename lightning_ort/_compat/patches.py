@@ -308,6 +308,36 @@ def _stream_suppression_without_file_descriptors() -> None:
     _logger._suppress_os_stream_output = _suppress_os_stream_output
 
 
+_GRAPH_DUMP = b"Torch IR graph at exception"
+
+
+def _exporter_graph_dump_left_out() -> None:
+    """A failed export prints torch's whole TorchScript graph (hundreds of lines), which ORT captures and logs
+    as a warning with the rest of the exporter's output; the fallback's reason already names the failure.
+    The graph is cut from that log (with ORT's ``log_level`` at INFO or below ORT captures nothing, and
+    torch's output is printed whole)."""
+    import io
+
+    from onnxruntime.training.ortmodule import _logger
+
+    original = _logger._log_with_filter
+
+    @functools.wraps(original)
+    def _log_with_filter(logger: logging.Logger, record_filters: Any, name: Any, fo: Any) -> None:
+        end = fo.tell()
+        fo.seek(0)
+        content = fo.read()
+        fo.seek(end)
+        found = content.find(_GRAPH_DUMP)
+        if found >= 0:
+            kept = content[: content.rfind(b"\n", 0, found) + 1] + b"(torch's graph at the failure left out)\n"
+            fo = io.BytesIO(kept)
+            fo.seek(0, io.SEEK_END)
+        original(logger, record_filters, name, fo)
+
+    _logger._log_with_filter = _log_with_filter
+
+
 def install() -> None:
     """Install all hooks (called once by the loader)."""
     from lightning_ort._compat import (
@@ -379,6 +409,7 @@ def install() -> None:
     _input_gradients_kept()
     _frozen_parameters_need_no_gradient()
     _stream_suppression_without_file_descriptors()
+    _exporter_graph_dump_left_out()
     _skip_gpu_allocator_without_cuda_provider()
     backward_once.install()
     scalar_inputs.install()
