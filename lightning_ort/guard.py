@@ -101,6 +101,14 @@ _HINTS = (
         "on a tensor forward returns and nothing inside forward uses, or keep that module out of ORT with "
         "ORTStrategy(modules=[...])",
     ),
+    (
+        "Cannot insert a Tensor that requires grad as a constant",
+        "the forward uses a tensor that requires grad and is neither a parameter nor a buffer of the module ORT "
+        "runs (a parameter of another module reached through a closure or a global, one kept in a Python list "
+        "or dict); ORT's graph could hold it only as a constant, without its gradient. Fix: make it part of the "
+        "module (an nn.Parameter attribute, nn.ParameterList or nn.ParameterDict), or keep that module out of "
+        "ORT with ORTStrategy(modules=[...])",
+    ),
     ("ComplexFloat is an unexpected tensor scalar type", _COMPLEX),
     ("'aten::polar'", _COMPLEX),
     ("'aten::view_as_complex'", _COMPLEX),

@@ -326,6 +326,33 @@ def test_complex_tensors_fall_back_naming_the_real_rotation(kept: bool) -> None:
     assert_states_match(eager, ort)
 
 
+class OutsideParameters(MLP):
+    """A forward that uses parameters the module does not hold: a scalar of another module reached through a
+    closure (torch's tracer broke on it, and the process died with SIGSEGV), and one in a Python list."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__()
+        self.holder = holder
+        owner = nn.Module()
+        owner.scale = nn.Parameter(torch.tensor(0.7))
+        self.scaled = lambda h: h * owner.scale
+        self.listed = [nn.Parameter(torch.full((3,), 0.5))]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return self.scaled(out) if self.holder == "closure" else out * self.listed[0]
+
+
+@pytest.mark.parametrize("holder", ["closure", "list"])
+def test_parameters_outside_the_module_fall_back_with_the_fix(holder: str) -> None:
+    eager, ort = fit_both(lambda: OutsideParameters(holder), mlp_loader, 3, strategy=ORTStrategy(fallback="warn"))
+    (report,) = ort.reports
+    reason = report.fallback_reason
+    assert reason is not None and "nn.ParameterList" in reason and report.torch_calls == 3, reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
 class SpectralNormalised(MLP):
     def __init__(self) -> None:
         super().__init__()

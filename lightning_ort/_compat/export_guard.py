@@ -22,6 +22,7 @@ from torch.onnx import TrainingMode
 from lightning_ort._compat import python_reads, trace_checks
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.traced_calls import computed_from_inputs, traced_calls
+from lightning_ort._compat.value_traces import exporting, value_trace
 from lightning_ort.errors import ORTUnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -310,10 +311,8 @@ def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[int, str], torch.T
 def _computed_from_inputs(tensor: torch.Tensor) -> bool:
     """Whether the open trace computes ``tensor`` from the graph's inputs (the batch, the parameters),
     not from constants alone (a causal mask cached on first use)."""
-    try:
-        return computed_from_inputs(torch._C._get_value_trace(tensor))
-    except RuntimeError:  # not part of the trace
-        return False
+    value = value_trace(tensor)
+    return value is not None and computed_from_inputs(value)
 
 
 @contextlib.contextmanager
@@ -465,6 +464,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
     exported = _ExportRecord()
     with contextlib.ExitStack() as stack:
         stack.enter_context(_random_states_kept())
+        stack.enter_context(exporting(module))
         mutated, replaced = stack.enter_context(_preserved_buffers(module, exported))
         reads = python_reads.reads_of(adapter_of(module))
         stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))

@@ -13,6 +13,7 @@ another way) trained without that term; such powers run torch's ``pow`` with eag
 ``a // b`` and ``k >> n`` of negative integers rounded toward zero in torch's export, where eager
 rounds down. ``clamp`` of an integer tensor with float bounds (``k.clamp(-1.5, 1.5)``, a float tensor
 in eager) cast the bounds to integers in torch's export; the tensor is now cast to the result's type.
+A cumulative sum of bools (``mask.cumsum(-1)``) and ``clamp`` with learnt bounds fell back to PyTorch.
 """
 
 from __future__ import annotations
@@ -97,19 +98,35 @@ def _right_shift(g: Any, self: Any, other: Any) -> Any:
     return symbolic_opset9._floor_divide(g, self, g.op("Cast", power, to_i=scalar_type.onnx_type()))
 
 
-def _promoting_clamp(operator: str) -> Any:
+def _in_result_type(operator: str) -> Any:
     """torch's ``operator`` symbolic, given the tensor in the type of the traced result: the symbolic casts
-    the bounds to the tensor's type, where torch promotes an integer tensor to the bounds' float type."""
+    clamp's bounds to the tensor's type, where torch promotes an integer tensor to the bounds' float type,
+    and ORT has no ``CumSum`` of bools (``mask.cumsum(-1)`` counts in int64 in eager). Bounds computed in
+    the graph (a parameter: a learnt clipping threshold) are ``Max`` / ``Min`` nodes, which ORT
+    differentiates for both operands; its ``Clip`` has no gradient for them."""
     torch_symbolic = getattr(symbolic_opset11, operator)
 
-    def symbolic(g: Any, self: Any, *bounds: Any) -> Any:
+    def symbolic(g: Any, self: Any, *args: Any) -> Any:
         undefined = _type_utils.JitScalarType.UNDEFINED
         wanted = _type_utils.JitScalarType.from_value(g.original_node.output(), undefined)
         if wanted not in (undefined, _type_utils.JitScalarType.from_value(self, undefined)):
             self = g.op("Cast", self, to_i=wanted.onnx_type())
-        return torch_symbolic(g, self, *bounds)
+        if operator.startswith("clamp") and any(_computed(bound) for bound in args):
+            lower, upper = {"clamp": args, "clamp_min": (args[0], None), "clamp_max": (None, args[0])}[operator]
+            onnx_type = _type_utils.JitScalarType.from_value(self).onnx_type()
+            for op_type, bound in (("Max", lower), ("Min", upper)):
+                if bound is not None and not symbolic_helper._is_none(bound):
+                    self = g.op(op_type, self, g.op("Cast", bound, to_i=onnx_type))
+            return self
+        return torch_symbolic(g, self, *args)
 
     return symbolic
+
+
+def _computed(value: Any) -> bool:
+    return symbolic_helper._is_value(value) and not (
+        symbolic_helper._is_none(value) or symbolic_helper._is_constant(value)
+    )
 
 
 def _zero_gradient() -> list[Any]:
@@ -132,8 +149,8 @@ def register() -> None:
         CustomOpSymbolicRegistry.register(name, "", symbolic_opset9._floor_divide)
     for name in ("__rshift_", "bitwise_right_shift"):
         CustomOpSymbolicRegistry.register(name, "", _right_shift)
-    for name in ("clamp", "clamp_min", "clamp_max"):
-        CustomOpSymbolicRegistry.register(name, "", _promoting_clamp(name))
+    for name in ("clamp", "clamp_min", "clamp_max", "cumsum"):
+        CustomOpSymbolicRegistry.register(name, "", _in_result_type(name))
     register_gradient(_POW, f"{_POW}_backward", ["GO(0)", "I(0)", "I(1)"], ["GI(0)", "GI(1)"])
     register_simple_gradient("atan", "lightning_ort::atan_backward", ["GO(0)", "I(0)"])
     register_simple_gradient("expm1", "lightning_ort::expm1_backward", ["GO(0)", "O(0)"])

@@ -38,6 +38,7 @@ from torch.nn.utils.weight_norm import WeightNorm
 
 from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
 from lightning_ort._compat.traced_calls import TracedCalls
+from lightning_ort._compat.value_traces import value_trace
 
 _SUBSCRIPTS = {"BINARY_SUBSCR", "STORE_SUBSCR", "BINARY_SLICE", "STORE_SLICE"}
 # Hooks that compute a weight from parameters before each forward: the trace records the computation.
@@ -83,7 +84,8 @@ def varying_iterations(locate: Callable[[], str | None]) -> Iterator[list[str]]:
     def __iter__(self: torch.Tensor) -> Iterator[torch.Tensor]:
         if not torch.jit.is_tracing() or self.dim() == 0:
             return original(self)
-        if not fixed_size(torch._C._get_value_trace(self), 0):
+        value = value_trace(self)
+        if value is not None and not fixed_size(value, 0):
             location = locate()  # None inside torch's own code, whose warnings the guard ignored before
             if location is not None and location not in seen:
                 seen.append(location)
@@ -140,11 +142,8 @@ def fixed_size_numbers() -> Iterator[None]:
 def _is_fixed_size_read(tensor: torch.Tensor) -> bool:
     """Whether the traced 0-d ``tensor`` is computed from constants and sizes of fixed-size dimensions only
     (``x.size(-1)``, ``C // n_head``)."""
-    try:
-        value = torch._C._get_value_trace(tensor)
-    except RuntimeError:  # not part of the trace
-        return False
-    return fixed_number(value)
+    value = value_trace(tensor)
+    return value is not None and fixed_number(value)
 
 
 def _in_subscript(frame: types.FrameType) -> bool:

@@ -50,6 +50,7 @@ import torch
 from torch.utils import _pytree
 
 from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
+from lightning_ort._compat.value_traces import value_trace
 
 _POOLING = frozenset(
     f"{kind}_pool{dims}d" for kind in ("max", "avg", "lp", "adaptive_max", "adaptive_avg") for dims in (1, 2, 3)
@@ -133,11 +134,8 @@ def _splits_varying_dimension(func: Any, args: tuple[Any, ...], kwargs: dict[str
     dim = args[position] if len(args) > position else kwargs.get("dim", 0)
     if not isinstance(dim, int):
         return False
-    try:
-        value = torch._C._get_value_trace(args[0])
-    except RuntimeError:  # not part of the trace
-        return False
-    return not fixed_size(value, dim)
+    value = value_trace(args[0])
+    return value is not None and not fixed_size(value, dim)
 
 
 def _ancestors(values: list[torch._C.Value]) -> Iterator[torch._C.Value]:
@@ -187,11 +185,8 @@ def _varying_numbers(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
             _scalar_tensors(argument, found)
     values = []
     for tensor in found:
-        try:
-            value = torch._C._get_value_trace(tensor)
-        except RuntimeError:  # not part of the trace
-            continue
-        if not fixed_number(value) and computed_from_inputs(value):
+        value = value_trace(tensor)
+        if value is not None and not fixed_number(value) and computed_from_inputs(value):
             values.append((value, len(value.uses())))
     return values
 
@@ -205,12 +200,7 @@ def _read_as_numbers(func: Any, result: Any, values: list[tuple[torch._C.Value, 
     tensors = [leaf for leaf in _pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
     if name == "__setitem__" or (name.endswith("_") and not name.endswith("__")) or not tensors:
         return any(len(value.uses()) <= uses for value, uses in values)
-    pending = []
-    for tensor in tensors:
-        try:
-            pending.append(torch._C._get_value_trace(tensor))
-        except RuntimeError:
-            continue
+    pending = [value for value in map(value_trace, tensors) if value is not None]
     if not pending:
         return False
     wanted = {value.unique() for value, _ in values}
@@ -362,10 +352,8 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
 
 
 def _has_uses(tensor: torch.Tensor) -> bool:
-    try:
-        return bool(torch._C._get_value_trace(tensor).uses())
-    except RuntimeError:  # not part of the trace: nothing to tell, so nothing to refuse
-        return True
+    value = value_trace(tensor)
+    return value is None or bool(value.uses())  # not part of the trace: nothing to tell, so nothing to refuse
 
 
 def _note(seen: list[str], location: str | None) -> None:
