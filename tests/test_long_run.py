@@ -7,6 +7,7 @@ import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,6 +112,23 @@ def train_and_validate() -> None:
     predictions = result.trainer.predict(model, mlp_loader(n=32))
     assert predictions is not None and len(predictions) == 2
     assert result.trainer.strategy.ort_reports[-1].ort_calls == 2
+
+
+def _fitted_references() -> tuple[weakref.ref[Any], weakref.ref[Any]]:
+    model = Predicting()
+    result = fit(model, mlp_loader(), "ort", max_steps=3)
+    assert result.reports[0].ort_calls == 3
+    return weakref.ref(model), weakref.ref(result.trainer)
+
+
+def test_finished_fits_leave_no_model_or_trainer_alive() -> None:
+    """lightning_ort's record of what each export read held the modules strongly from a weakly keyed table,
+    so every fit's model, Trainer, optimizer state and data lived as long as the process (a sweep or a
+    notebook grew by the model's size at every fit)."""
+    references = [_fitted_references() for _ in range(3)]
+    gc.collect()
+    alive = [kind for model, trainer in references for kind, ref in (("model", model), ("trainer", trainer)) if ref()]
+    assert not alive, f"{len(alive)} of 6 still alive: {alive}"
 
 
 def test_repeated_fits_leak_no_files_or_threads() -> None:

@@ -53,7 +53,8 @@ class PythonReads:
     identity and version; numbers read through a module's ``hparams`` or ``trainer`` (``items``, by module,
     attribute and key) or held by a plain container attribute (``containers``: all its values, by path)."""
 
-    modules: dict[int, tuple[torch.nn.Module, str]] = field(default_factory=dict)
+    # weak: ``_READS`` holds these for as long as the module ORT wraps lives, and that module is among them
+    modules: dict[int, tuple[weakref.ref[torch.nn.Module], str]] = field(default_factory=dict)
     numbers: dict[tuple[int, str], list[Any]] = field(default_factory=dict)
     tensors: dict[tuple[int, str], list[tuple[int, int]]] = field(default_factory=dict)
     items: dict[tuple[int, str, str], list[Any]] = field(default_factory=dict)
@@ -82,7 +83,7 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
     from lightning.fabric.utilities.data import AttributeDict
     from lightning.pytorch import Trainer
 
-    reads.modules.update(modules)
+    _add_modules(reads, modules)
     reads.namespaces.update(_namespaces(modules))
     for module, _ in modules.values():
         reads.globals.update(_global_numbers(type(module)))
@@ -298,6 +299,16 @@ def _item(container: Any, key: str) -> Any:
     return container.get(key) if isinstance(container, Mapping) else getattr(container, key, None)
 
 
+def _add_modules(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module, str]]) -> None:
+    reads.modules.update({key: (weakref.ref(module), path) for key, (module, path) in modules.items()})
+
+
+def _module(reads: PythonReads, key: int) -> tuple[torch.nn.Module | None, str]:
+    """The module recorded under ``key`` (None once it is gone: replaced, its reads no longer matter) and its path."""
+    reference, path = reads.modules[key]
+    return reference(), path
+
+
 def changed_read(module: torch.nn.Module) -> str | None:
     """Why ``module``'s graphs no longer compute what its forward would (an attribute their export
     read has another value now), or None."""
@@ -305,7 +316,9 @@ def changed_read(module: torch.nn.Module) -> str | None:
     if reads is None:
         return None
     for (key, name), values in reads.numbers.items():
-        module, path = reads.modules[key]
+        module, path = _module(reads, key)
+        if module is None:
+            continue
         current = plain(getattr(module, name, ABSENT))
         if not _is_each(current, values):
             fix = _NUMBER_FIX
@@ -319,16 +332,22 @@ def changed_read(module: torch.nn.Module) -> str | None:
                 return _changed_values(f"the global {module_name}.{name}", value["values"])
             return _changed_number(f"the global {module_name}.{name}", value, current)
     for (key, name, item), values in reads.items.items():
-        module, path = reads.modules[key]
+        module, path = _module(reads, key)
+        if module is None:
+            continue
         current = _item(getattr(module, name, None), item)
         if not _is_each(current, values):
             return _changed_number(f"{path}.{name}.{item}", values[0], current)
     for (key, name), recorded in reads.containers.items():
-        module, path = reads.modules[key]
+        module, path = _module(reads, key)
+        if module is None:
+            continue
         if _current_values(getattr(module, name, None)) != recorded:
             return _changed_values(f"{path}.{name}", recorded)
     for (key, name), tensors in reads.tensors.items():
-        module, path = reads.modules[key]
+        module, path = _module(reads, key)
+        if module is None:
+            continue
         current = getattr(module, name, None)
         state = (id(current), current._version) if isinstance(current, torch.Tensor) else None
         if any(state != tensor for tensor in tensors):
@@ -426,7 +445,7 @@ def from_record(
             return f"{path}.{name} is not the plain tensor attribute the cached graph read"
         tensor = vars(owner)[name]
         tensors[(id(owner), name)] = [(id(tensor), tensor._version)]
-    reads.modules.update(modules)
+    _add_modules(reads, modules)
     reads.numbers.update(numbers)
     reads.items.update(items)
     reads.containers.update(containers)
