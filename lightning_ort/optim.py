@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
 
 _ADAM_TYPES = (torch.optim.Adam, torch.optim.AdamW)
+# Set on an optimizer fuse_optimizer fused: each param group's (fused, foreach) before
+_UNFUSED = "_lightning_ort_unfused_flags"
 
 
 def _uses_fused_capable_params(optimizer: torch.optim.Optimizer) -> bool:
@@ -23,7 +26,8 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Return a fused equivalent of a torch ``Adam``/``AdamW`` (other optimizers are returned as they are).
 
     On CPU the optimizer object is kept and switched to torch's fused implementation, so param
-    groups, hyper-parameters, state, LR schedulers and checkpoints stay as they are. On CUDA it is
+    groups, hyper-parameters, state, LR schedulers and checkpoints stay as they are (the strategy saves
+    the groups' flags as configured, and fuses them again after a resume: :func:`unfused_state`). On CUDA it is
     replaced by ORT's ``FusedAdam`` (``onnxruntime.training.optim``; needs the CUDA build of
     ORT and is untested by this project), with the same param groups and state.
     """
@@ -43,12 +47,36 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
             "lightning_ort: fused_optimizer leaves %s unchanged (unsupported parameters)", type(optimizer).__name__
         )
         return optimizer
+    setattr(optimizer, _UNFUSED, [(group.get("fused"), group.get("foreach")) for group in optimizer.param_groups])
     optimizer.defaults["fused"] = True
     optimizer.defaults["foreach"] = False
+    _fuse_groups(optimizer)
+    return optimizer
+
+
+def _fuse_groups(optimizer: torch.optim.Optimizer) -> None:
     for group in optimizer.param_groups:
         group["fused"] = True
         group["foreach"] = False
-    return optimizer
+
+
+def unfused_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (``optimizer.state_dict()``) with the param groups' ``fused`` and ``foreach`` flags as
+    ``configure_optimizers`` made them: a checkpoint resumed without ``fused_optimizer`` trains with the
+    optimizer the user configured."""
+    flags = getattr(optimizer, _UNFUSED, None)
+    if flags is None or "param_groups" not in state:
+        return state
+    for group, (fused, foreach) in zip(state["param_groups"], flags, strict=False):
+        group["fused"], group["foreach"] = fused, foreach
+    return state
+
+
+def fuse_again(optimizer: torch.optim.Optimizer) -> None:
+    """After ``load_state_dict`` (which takes the flags of the checkpoint's groups), fuse a fused optimizer's
+    groups again."""
+    if hasattr(optimizer, _UNFUSED):
+        _fuse_groups(optimizer)
 
 
 def _ort_fused_adam(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -26,7 +26,7 @@ from typing_extensions import override
 from lightning_ort import _compat
 from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
 from lightning_ort.memory import validate_memory_options
-from lightning_ort.optim import fuse_optimizer
+from lightning_ort.optim import fuse_again, fuse_optimizer, unfused_state
 from lightning_ort.precision import ort_precision
 from lightning_ort.selection import FORWARD, select_modules
 
@@ -164,6 +164,17 @@ class ORTStrategyMixin(Strategy):
                 if config.scheduler.optimizer is old:  # type: ignore[union-attr]
                     config.scheduler.optimizer = new  # type: ignore[union-attr]
         self.optimizers = fused
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        state = super().optimizer_state(optimizer)
+        return unfused_state(getattr(optimizer, "_optimizer", optimizer), state)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        super().load_optimizer_state_dict(checkpoint)
+        for optimizer in self.optimizers:
+            fuse_again(optimizer)
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:

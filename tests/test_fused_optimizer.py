@@ -70,11 +70,22 @@ def test_fused_optimizer_state_survives_resume(tmp_path: Path) -> None:
     run(1).trainer.save_checkpoint(tmp_path / "half.ckpt")
     state = torch.load(tmp_path / "half.ckpt", weights_only=False)["optimizer_states"][0]
     assert state["state"] and all("exp_avg_sq" in s for s in state["state"].values())
+    # saved as configure_optimizers made the groups: a plain Trainer resumes the user's AdamW, not the fused one
+    assert [(group["fused"], group["foreach"]) for group in state["param_groups"]] == [(None, None)] * 2
     resumed = run(2, tmp_path / "half.ckpt")
     assert resumed.trainer.global_step == 12
     assert [group["fused"] for group in resumed.trainer.optimizers[0].param_groups] == [True, True]
     assert_losses_match(uninterrupted.after(6), resumed)
     assert_states_match(uninterrupted, resumed)
+
+
+def test_a_checkpoint_without_fusion_resumes_fused(tmp_path: Path) -> None:
+    """Lightning loads the optimizer's state after the strategy fused it, and ``load_state_dict`` takes the
+    checkpoint's group flags: resumed from an eager checkpoint, the optimizer ran unfused."""
+    fit(AdamWMLP(), mlp_loader(n=96), "auto", max_steps=3).trainer.save_checkpoint(tmp_path / "eager.ckpt")
+    resumed = fit(AdamWMLP(), mlp_loader(n=96), ORTStrategy(fused_optimizer=True), 6, ckpt_path=tmp_path / "eager.ckpt")
+    assert resumed.trainer.global_step == 6
+    assert [group["fused"] for group in resumed.trainer.optimizers[0].param_groups] == [True, True]
 
 
 def test_other_optimizers_are_left_alone(caplog: pytest.LogCaptureFixture) -> None:
