@@ -1,4 +1,5 @@
-"""nn.RMSNorm and cumsum train in ORT like eager (onnx_gradients.py)."""
+"""nn.RMSNorm and cumsum train in ORT like eager (onnx_gradients.py), as do norms without weights over sizes
+read from the input (``F.rms_norm(x, x.shape[-1:])``), which fell back."""
 
 from __future__ import annotations
 
@@ -37,10 +38,30 @@ def sequences() -> DataLoader:
     return sequence_batches([(4, 6), (2, 9), (3, 1), (4, 6)], 8)
 
 
+class NormOverReadSizes(nn.Module):
+    """A norm without weights whose ``normalized_shape`` is read from the input (modded-nanoGPT's
+    ``F.rms_norm(x, (x.size(-1),))``, QK-norm, ``F.layer_norm(x, x.shape[-1:])``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "rms":
+            return F.rms_norm(x, (x.size(-1),))
+        return F.layer_norm(x, x.shape[-2:] if self.kind == "layer-last-two" else x.shape[-1:])
+
+
 @pytest.mark.parametrize(
     "make_norm",
-    [lambda: nn.RMSNorm(8), lambda: nn.RMSNorm(8, eps=1e-3, elementwise_affine=False)],
-    ids=["rms-norm", "rms-norm-eps-no-weight"],
+    [
+        lambda: nn.RMSNorm(8),
+        lambda: nn.RMSNorm(8, eps=1e-3, elementwise_affine=False),
+        lambda: NormOverReadSizes("rms"),
+        lambda: NormOverReadSizes("layer"),
+        lambda: NormOverReadSizes("layer-last-two"),
+    ],
+    ids=["rms-norm", "rms-norm-eps-no-weight", "rms-norm-read-size", "layer-norm-read-size", "layer-norm-read-sizes"],
 )
 def test_rms_norm_and_cumsum_train_in_ort_like_eager(make_norm: Any) -> None:
     eager, ort = fit_both(lambda: LlamaBlock(make_norm()), sequences, 4)

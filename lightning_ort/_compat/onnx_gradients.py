@@ -3,7 +3,8 @@
 - ``nn.RMSNorm`` / ``F.rms_norm``: torch's TorchScript exporter has no symbolic for it, so a model
   with one could not be exported and fell back to PyTorch. It is exported as torch computes it
   (``x * rsqrt(mean(x**2) + eps)`` in float32 or float64, then cast back and scaled by the
-  weight), in ONNX ops ORT differentiates.
+  weight), in ONNX ops ORT differentiates, also with sizes read from the input (``F.rms_norm(x,
+  x.shape[-1:])``, modded-nanoGPT's form).
 - ``cumsum``: ORT has no gradient for ``CumSum``; it is the reverse cumulative sum of the output's
   gradient, given here (torch exports ``CumSum`` with ORT's defaults, forward and exclusive off).
 """
@@ -18,8 +19,16 @@ from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_help
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def normalized_dims(normalized_shape: Any) -> int:
+    """How many trailing dimensions a norm's ``normalized_shape`` covers, also when its sizes are read from
+    the input (``F.rms_norm(x, x.shape[-1:])``, ``F.layer_norm(x, (x.size(-1),))``)."""
+    if symbolic_helper._is_packed_list(normalized_shape):
+        return len(symbolic_helper._unpack_list(normalized_shape))
+    return len(symbolic_helper._get_const(normalized_shape, "is", "normalized_shape"))
+
+
 def _rms_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, eps: Any) -> Any:
-    shape = symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")
+    dims = normalized_dims(normalized_shape)
     dtype = _type_utils.JitScalarType.from_value(input, _type_utils.JitScalarType.FLOAT).dtype()
     compute = torch.float32 if dtype in _HALF else dtype  # torch's opmath type
     if symbolic_helper._is_none(eps):
@@ -29,7 +38,7 @@ def _rms_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, eps: Any) 
     x = input
     if compute != dtype:
         x = g.op("Cast", input, to_i=_type_utils.JitScalarType.from_dtype(compute).onnx_type())
-    mean = g.op("ReduceMean", g.op("Mul", x, x), axes_i=list(range(-len(shape), 0)), keepdims_i=1)
+    mean = g.op("ReduceMean", g.op("Mul", x, x), axes_i=list(range(-dims, 0)), keepdims_i=1)
     added = g.op("Add", mean, g.op("Constant", value_t=torch.tensor(eps_value, dtype=compute)))
     output = g.op("Mul", x, g.op("Reciprocal", g.op("Sqrt", added)))
     if compute != dtype:

@@ -115,12 +115,11 @@ def _linear(g: Any, input: Any, weight: Any, bias: Any) -> Any:
 
 def _layer_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any, cudnn: Any) -> Any:
     if _absent(weight) or _absent(bias):  # elementwise_affine=False: constants that need no gradient
-        shape = symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")
         dtype = _type_utils.JitScalarType.from_value(input, _type_utils.JitScalarType.FLOAT).dtype()
         if _absent(weight):
-            weight = g.op("Constant", value_t=torch.ones(shape, dtype=dtype))
+            weight = _filled(g, normalized_shape, 1.0, dtype)
         if _absent(bias):
-            bias = g.op("Constant", value_t=torch.zeros(shape, dtype=dtype))
+            bias = _filled(g, normalized_shape, 0.0, dtype)
     eps = g.op("Cast", eps, to_i=torch.onnx.TensorProtoDataType.FLOAT)
     outputs = g.op(ATEN, input, weight, bias, normalized_shape, eps, operator_s=_LAYER_NORM, outputs=3)
     outputs[0].setType(input.type())
@@ -128,6 +127,16 @@ def _layer_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, bias: An
     for statistic in outputs[1:]:  # mean and rstd: ORT's type inference needs their types
         statistic.setType(input.type() if rank is None else input.type().with_sizes([None] * rank))
     return outputs[0]
+
+
+def _filled(g: Any, shape: Any, value: float, dtype: torch.dtype) -> Any:
+    """A tensor of ``shape`` (constant, or sizes read from the input: ``F.layer_norm(x, x.shape[-1:])``)
+    filled with ``value``."""
+    if not symbolic_helper._is_packed_list(shape):
+        sizes = symbolic_helper._get_const(shape, "is", "normalized_shape")
+        return g.op("Constant", value_t=torch.full(sizes, value, dtype=dtype))
+    parts = [g.op("Reshape", size, constant(g, [1], torch.int64)) for size in symbolic_helper._unpack_list(shape)]
+    return g.op("ConstantOfShape", g.op("Concat", *parts, axis_i=0), value_t=torch.tensor([value], dtype=dtype))
 
 
 def _gelu(g: Any, input: Any, approximate: Any = "none") -> Any:
