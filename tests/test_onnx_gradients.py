@@ -49,6 +49,8 @@ class NormOverReadSizes(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "rms":
             return F.rms_norm(x, (x.size(-1),))
+        if self.kind == "rms-of-float":  # ORT's graph build failed on the cast before the norm
+            return F.rms_norm(x.float(), (x.size(-1),)).type_as(x)
         return F.layer_norm(x, x.shape[-2:] if self.kind == "layer-last-two" else x.shape[-1:])
 
 
@@ -58,10 +60,18 @@ class NormOverReadSizes(nn.Module):
         lambda: nn.RMSNorm(8),
         lambda: nn.RMSNorm(8, eps=1e-3, elementwise_affine=False),
         lambda: NormOverReadSizes("rms"),
+        lambda: NormOverReadSizes("rms-of-float"),
         lambda: NormOverReadSizes("layer"),
         lambda: NormOverReadSizes("layer-last-two"),
     ],
-    ids=["rms-norm", "rms-norm-eps-no-weight", "rms-norm-read-size", "layer-norm-read-size", "layer-norm-read-sizes"],
+    ids=[
+        "rms-norm",
+        "rms-norm-eps-no-weight",
+        "rms-norm-read-size",
+        "rms-norm-of-float",
+        "layer-norm-read-size",
+        "layer-norm-read-sizes",
+    ],
 )
 def test_rms_norm_and_cumsum_train_in_ort_like_eager(make_norm: Any) -> None:
     eager, ort = fit_both(lambda: LlamaBlock(make_norm()), sequences, 4)

@@ -38,7 +38,12 @@ def _rms_norm(g: Any, input: Any, normalized_shape: Any, weight: Any, eps: Any) 
     x = input
     if compute != dtype:
         x = g.op("Cast", input, to_i=_type_utils.JitScalarType.from_dtype(compute).onnx_type())
-    mean = g.op("ReduceMean", g.op("Mul", x, x), axes_i=list(range(-dims, 0)), keepdims_i=1)
+    mean = g.op(
+        "ReduceMean",
+        g.op("Pow", x, g.op("Constant", value_t=torch.tensor(2.0, dtype=compute))),
+        axes_i=list(range(-dims, 0)),
+        keepdims_i=1,
+    )
     added = g.op("Add", mean, g.op("Constant", value_t=torch.tensor(eps_value, dtype=compute)))
     output = g.op("Mul", x, g.op("Reciprocal", g.op("Sqrt", added)))
     if compute != dtype:
