@@ -51,6 +51,7 @@ from torch.utils import _pytree
 
 from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
 from lightning_ort._compat.value_traces import value_trace
+from lightning_ort._compat.view_writes import VIEW_CHANGE, ViewWrites, changes_a_view
 
 _POOLING = frozenset(
     f"{kind}_pool{dims}d" for kind in ("max", "avg", "lp", "adaptive_max", "adaptive_avg") for dims in (1, 2, 3)
@@ -296,6 +297,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         self.counted_splits: list[str] = []
         self.unsupported: list[str] = []
         self._splits: list[tuple[str, tuple[torch.Tensor, ...]]] = []
+        self.views = ViewWrites()
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -310,13 +312,21 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
             _note(self.unsupported, f"its forward {problem[0]} at {self.locate() or 'torch'}{problem[1]}")
         if tracing and getattr(func, "__self__", None) is _REQUIRES_GRAD:
             # read by the user's code itself: torch's own checks (checkpoint, attention's fast path) are not branches
-            location = None if sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR) else self.locate()
+            location = None if _from_library(sys._getframe(1)) else self.locate()
             if location is not None:
                 _note(self.unsupported, f"its forward reads Tensor.requires_grad at {location}{_REQUIRES_GRAD_READ}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         numbers = _varying_numbers(func, args, kwargs) if tracing and not sized else []  # pooling: its own reason
         recorded = len(self.records)
-        result = func(*args, **kwargs)
+        view_change = tracing and changes_a_view(func, args, kwargs)
+        if view_change and self.views.writable(args[0]):
+            result = self.views.change(func, args, kwargs)
+        else:
+            if view_change and not _from_library(sys._getframe(1)):
+                _note(self.unsupported, f"its forward changes a view in place at {self.locate()}{VIEW_CHANGE}")
+            result = func(*args, **kwargs)
+        if tracing:
+            self.views.record(func, args, result)
         if tracing and _copied_data(func, args, kwargs) == "numbers":
             # a tensor of Python numbers is the same on every call; a number read from the module is watched
             # by python_reads, one converted from a tensor has its own TracerWarning
@@ -349,6 +359,11 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
             if not any(id(part) in returned or _has_uses(part) for part in parts):
                 _note(self.counted_splits, location)
         self._splits.clear()
+
+
+def _from_library(caller: types.FrameType) -> bool:
+    """Whether torch's own Python code made the call (its checks and in-place work are not the user's)."""
+    return caller.f_code.co_filename.startswith(_TORCH_DIR)
 
 
 def _has_uses(tensor: torch.Tensor) -> bool:
