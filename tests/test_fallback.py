@@ -485,3 +485,43 @@ def test_a_failed_export_logs_no_torchscript_graph() -> None:
     assert "aten::fft_rfft" in result.stderr  # the fallback's reason
     assert "(torch's graph at the failure left out)" in result.stderr
     assert "Torch IR graph" not in result.stderr and "graph(%" not in result.stderr
+
+
+class LayerDrop(MLP):
+    """fairseq-style LayerDrop: the hidden layer is skipped at random, drawn with Python or NumPy."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import random
+
+        import numpy as np
+
+        draw = random.random() if self.source == "random" else np.random.random()
+        h = self.body[0](x)
+        return self.head(h if draw < 0.5 else self.body[1:](h))
+
+
+@pytest.mark.parametrize("source", ["random", "numpy"])
+def test_python_random_numbers_in_forward_fall_back(source: str) -> None:
+    """The export kept the first draw, and ORT took the same branch at every step."""
+    import random
+
+    import numpy as np
+
+    results = []
+    torch.manual_seed(0)
+    model = LayerDrop(source)
+    for strategy in ("auto", ORTStrategy(fallback="warn")):
+        random.seed(0)
+        np.random.seed(0)
+        twin = LayerDrop(source)
+        twin.load_state_dict(model.state_dict())
+        results.append(fit(twin, mlp_loader(), strategy, 8))
+    eager, ort = results
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "draws a Python or NumPy random number" in report.fallback_reason
+    assert_losses_match(eager, ort, rtol=0)
+    assert_states_match(eager, ort, atol=0, rtol=0)

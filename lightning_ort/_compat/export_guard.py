@@ -19,7 +19,7 @@ import torch
 import torch.utils.checkpoint
 from torch.onnx import TrainingMode
 
-from lightning_ort._compat import python_reads, trace_checks
+from lightning_ort._compat import python_random, python_reads, trace_checks
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.traced_calls import computed_from_inputs, traced_calls
 from lightning_ort._compat.value_traces import exporting, value_trace
@@ -480,6 +480,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         functions = stack.enter_context(_record_autograd_functions())
         no_grad_regions = stack.enter_context(_record_grad_disabling())
         python_changes, stored_tensors = stack.enter_context(_record_python_state_changes(module))
+        draws = stack.enter_context(python_random.random_draws(_user_frame))
         try:
             yield
         except Exception as error:
@@ -505,6 +506,13 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
             f"its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at {no_grad_regions[0]}); "
             "ORT's graph would compute gradients through that region. Fix: compute it outside forward, "
             "or use .detach() on its result, which ORT respects"
+        )
+    if draws:
+        raise ORTUnsupportedModelError(
+            f"its forward draws a Python or NumPy random number at {draws[0]}; the export keeps the number drawn "
+            "then, so every later step would take the same branch or value. Fix: draw with torch inside the "
+            "computation (torch.rand(()) < p as a tensor mask, nn.Dropout), pass the number to forward as a tensor, "
+            "or keep that module out of ORT with ORTStrategy(modules=[...])"
         )
     if python_changes:
         raise ORTUnsupportedModelError(
