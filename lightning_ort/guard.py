@@ -237,6 +237,10 @@ class ORTGuard:
         return (self.report.fallback_reason if training else self.report.eval_fallback_reason) is not None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            # the user's own export during fit (to_onnx in a callback) traces PyTorch's forward; through ORT it
+            # failed, and the failure cost the module its ORT graph for the rest of the run
+            return self._torch_forward(*args, **kwargs)
         training = self.owner.training
         # ORT's training graph whenever autograd records (a module in eval mode still trains, as in
         # PyTorch); under no_grad a training-mode module would run ORT's inference graph, which would

@@ -317,6 +317,26 @@ def test_to_onnx_after_an_ort_fit_is_standard_onnx(tmp_path: Path) -> None:
     assert_ort_ran(fit(CNN(), image_loader(), "ort", max_steps=2), 2)  # the next ORTModule registers them again
 
 
+class ExportEachValidation(L.Callback):
+    """The user's own ``to_onnx`` during fit: through ORT it failed, and cost the module its inference graph."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory, self.exported = directory, 0
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.to_onnx(self.directory / f"epoch{trainer.current_epoch}.onnx", torch.randn(2, 3, 8, 8), dynamo=False)
+        self.exported += 1
+
+
+def test_to_onnx_during_fit_leaves_ort_its_graphs(tmp_path: Path) -> None:
+    export = ExportEachValidation(tmp_path)
+    result = fit(CNN(), image_loader(), "ort", -1, val=image_loader(), max_epochs=2, callbacks=[export])
+    assert export.exported == 2 and (tmp_path / "epoch1.onnx").exists()
+    (report,) = result.reports
+    assert report.fallback_reason is None and report.eval_fallback_reason is None
+    assert report.torch_calls == 0 and report.ort_calls > 0
+
+
 def test_onnx_export_with_dict_input_from_the_first_training_forward(tmp_path: Path) -> None:
     export = ONNXExport(tmp_path / "encoder.onnx")
     fit(EncoderClassifier(), dict_loader(), "ort", max_steps=2, callbacks=[export])

@@ -14,6 +14,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+import torchmetrics
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
 from models import (
     CNN,
@@ -525,3 +526,67 @@ def test_python_random_numbers_in_forward_fall_back(source: str) -> None:
     assert report.fallback_reason is not None and "draws a Python or NumPy random number" in report.fallback_reason
     assert_losses_match(eager, ort, rtol=0)
     assert_states_match(eager, ort, atol=0, rtol=0)
+
+
+class CarriedMemory(L.LightningModule):
+    """Transformer-XL / truncated-BPTT style: forward keeps its detached output on the module, in a container,
+    and adds it to the next call's input. ORT trained as if the memory stayed as the export left it."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__()
+        self.holder = holder
+        self.layer = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+        self.memory: Any = [] if holder == "append" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        previous = self.memory[-1] if self.holder == "append" and self.memory else None
+        if self.holder != "append" and self.memory is not None:
+            previous = self.memory["h"] if self.holder == "dict" else self.memory[0]
+        h = torch.tanh(self.layer(x if previous is None else x + previous.mean(0)))
+        kept = h.detach()
+        if self.holder == "append":
+            self.memory.append(kept)
+        else:
+            self.memory = {"h": kept} if self.holder == "dict" else ([kept] if self.holder == "list" else (kept, kept))
+        return self.head(h)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("holder", ["list", "tuple", "dict", "append"])
+def test_tensors_kept_in_a_container_on_the_module_fall_back(holder: str) -> None:
+    eager, ort = fit_both(lambda: CarriedMemory(holder), mlp_loader, 5, strategy=ORTStrategy(fallback="warn"))
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "stores tensor(s) self.memory[" in report.fallback_reason
+    # the export's forward runs appended twice more; put back, the memory holds what eager's does
+    assert len(ort.model.memory) == len(eager.model.memory)
+    assert_losses_match(eager, ort, rtol=0)
+    assert_states_match(eager, ort, atol=0, rtol=0)
+
+
+class MeasuredSpectrum(DropoutThenSpectrum):
+    """Updates a torchmetrics metric in forward; ``torch.fft`` then makes the export fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop.p = 0.0
+        self.mean_logit = torchmetrics.MeanMetric()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        self.mean_logit.update(out.detach().abs().mean())
+        return out
+
+
+def test_side_effects_of_a_failed_export_are_undone() -> None:
+    """The export's forward runs updated the metric before PyTorch ran the step's forward again: the first
+    batch counted three times."""
+    eager, ort = fit_both(MeasuredSpectrum, mlp_loader, 4, strategy=ORTStrategy(fallback="warn"))
+    assert ort.reports[0].fallback_reason is not None
+    assert float(ort.model.mean_logit.compute()) == float(eager.model.mean_logit.compute())
+    assert ort.model.mean_logit.update_count == eager.model.mean_logit.update_count == 4

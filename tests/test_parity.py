@@ -294,6 +294,35 @@ def test_hooked_weights_are_the_ones_the_last_forward_computed(hooks: str) -> No
         torch.testing.assert_close(ort.model.get_submodule(name).weight, expected)
 
 
+class PrunedNormalised(Base):
+    """A pruned layer before a BatchNorm: the module cannot be deep-copied, so ORT ran it once more for its
+    output schema, and the export counted two BatchNorm calls per forward (``num_batches_tracked`` 10 after
+    five steps, against eager's 5)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.bn, self.head = nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
+        torch.nn.utils.prune.l1_unstructured(self.lin, "weight", amount=0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.bn(self.lin(x))))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def test_a_module_ort_cannot_copy_counts_batch_norm_batches_like_eager() -> None:
+    runs = []
+    for strategy in ("auto", "ort"):
+        torch.manual_seed(0)
+        runs.append(fit(PrunedNormalised(), mlp_loader(16, 80), strategy, 5))
+    eager, ort = runs
+    assert_ort_ran(ort, 5)
+    assert int(ort.state["bn.num_batches_tracked"]) == int(eager.state["bn.num_batches_tracked"]) == 5
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
 class SharedNormOnTwoInputs(Base):
     """One BatchNorm on two inputs that do not depend on each other (a siamese network); the distances read
     the second first, which made ORT run that call first."""

@@ -21,6 +21,7 @@ from torch.onnx import TrainingMode
 
 from lightning_ort._compat import python_random, python_reads, trace_checks
 from lightning_ort._compat.batchnorm import record_calls_per_forward
+from lightning_ort._compat.python_state import PythonState
 from lightning_ort._compat.traced_calls import computed_from_inputs, traced_calls
 from lightning_ort._compat.value_traces import exporting, value_trace
 from lightning_ort.errors import ORTUnsupportedModelError
@@ -269,45 +270,6 @@ def _record_grad_disabling() -> Iterator[list[str]]:
         torch._C._set_grad_enabled = original
 
 
-_PLAIN = (bool, int, float, str, type(None))
-_MISSING = object()
-
-
-def _python_state(module: torch.nn.Module) -> dict[tuple[int, str], object]:
-    """Plain Python attributes (numbers, strings, flags) of the user's modules."""
-    state = {}
-    for submodule in module.modules():
-        if submodule is module:  # ORT's _FlattenedModule keeps its own bookkeeping here
-            continue
-        for name, value in vars(submodule).items():
-            if isinstance(value, _PLAIN) and name != "training":
-                state[(id(submodule), name)] = value
-    return state
-
-
-def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[int, str], torch.Tensor]:
-    """Plain tensor attributes (not parameters or buffers) of the user's modules. Found through ``vars``,
-    not ``modules()``, whose set hashes the modules: a torchmetrics ``Metric`` hashes its states, which
-    the recording of the forward's reads (python_reads.py) would take for reads of the forward."""
-    attributes: dict[tuple[int, str], torch.Tensor] = {}
-    seen = {id(module)}
-    pending = list(vars(module)["_modules"].values())
-    while pending:
-        submodule = pending.pop()
-        if submodule is None or id(submodule) in seen:
-            continue
-        seen.add(id(submodule))
-        state = vars(submodule)
-        hooked = trace_checks.hooked_weight_names(submodule)  # pruning's and weight norm's, computed in the graph
-        attributes.update(
-            ((id(submodule), name), value)
-            for name, value in state.items()
-            if isinstance(value, torch.Tensor) and name not in hooked
-        )
-        pending.extend(state["_modules"].values())
-    return attributes
-
-
 def _computed_from_inputs(tensor: torch.Tensor) -> bool:
     """Whether the open trace computes ``tensor`` from the graph's inputs (the batch, the parameters),
     not from constants alone (a causal mask cached on first use)."""
@@ -316,42 +278,47 @@ def _computed_from_inputs(tensor: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def _record_python_state_changes(module: torch.nn.Module) -> Iterator[tuple[list[str], list[str]]]:
-    """Attributes the traced forward changes, and tensors computed from its inputs that it stores on a
-    module (an auxiliary loss read after forward): the ORT graph would never run that code again."""
-    names = {id(submodule): name.removeprefix("_original_module") for name, submodule in module.named_modules()}
-
-    def where(key: tuple[int, str]) -> str:
-        return f"{names.get(key[0], '').lstrip('.') or 'self'}.{key[1]}"
-
-    before, tensors_before = _python_state(module), _tensor_attributes(module)
-    changed: list[str] = []
+def _record_stored_tensors(module: torch.nn.Module, state: PythonState) -> Iterator[list[str]]:
+    """Where the traced forward stores tensors computed from its inputs on a module (an auxiliary loss read
+    after forward, a memory for the next step): the ORT graph would never assign them again."""
     stored: list[str] = []
 
     def check_stored(traced: torch.nn.Module, args: Any, output: Any) -> None:  # while the trace is open
         if torch.jit.is_tracing():
-            stored.extend(
-                where(key)
-                for key, value in _tensor_attributes(module).items()
-                if tensors_before.get(key) is not value and _computed_from_inputs(value) and where(key) not in stored
-            )
+            stored.extend(where for where in state.stored(_computed_from_inputs) if where not in stored)
 
     handle = module.register_forward_hook(check_stored)
     try:
-        yield changed, stored
+        yield stored
     finally:
         handle.remove()
-        changed.extend(where(key) for key, value in _python_state(module).items() if before.get(key, _MISSING) != value)
 
 
-def _count_batch_norm_calls(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
-    """Record how often the traced forward ran each BatchNorm layer, from how far it advanced the
-    layer's ``num_batches_tracked`` (ORT's graph cannot advance it; batchnorm.py does, per call)."""
-    for name, layer in module.named_modules():
-        if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and layer.num_batches_tracked is not None:
-            start = before.get(f"{name}.num_batches_tracked" if name else "num_batches_tracked")
-            if start is not None:
-                record_calls_per_forward(layer, int(layer.num_batches_tracked) - int(start))
+@contextlib.contextmanager
+def _traced_batch_norm_calls(module: torch.nn.Module, exported: _ExportRecord) -> Iterator[None]:
+    """Record how often the traced forward runs each training BatchNorm layer that counts its batches (ORT's
+    graph cannot advance ``num_batches_tracked``; batchnorm.py does, per call). Only the trace's calls count:
+    ORT runs a module it cannot deep-copy (a pruned one) once more for its output schema."""
+    counts: dict[torch.nn.Module, int] = {}
+
+    def count(layer: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.jit.is_tracing() and layer.training and layer.track_running_stats:
+            counts[layer] = counts.get(layer, 0) + 1
+
+    layers = [
+        layer
+        for layer in module.modules()
+        if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and layer.num_batches_tracked is not None
+    ]
+    handles = [layer.register_forward_hook(count) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        if module.training and exported.traced:  # a cached export's counts come from its trace record
+            for layer in layers:
+                record_calls_per_forward(layer, counts.get(layer, 0))
 
 
 @contextlib.contextmanager
@@ -371,8 +338,6 @@ def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iter
     try:
         yield changed, replaced
     finally:
-        if module.training and exported.traced:  # a cached export's counts come from its trace record
-            _count_batch_norm_calls(module, {name: value for name, _, value in saved})
         current = dict(module.named_buffers())
         with torch.no_grad():
             for name, buffer, value in saved:
@@ -445,6 +410,19 @@ def _random_states_kept() -> Iterator[None]:
 
 @contextlib.contextmanager
 def guarded_export(module: torch.nn.Module) -> Iterator[None]:
+    """Run ORT's export of ``module`` safely (:func:`_guarded_export`); when it fails or is refused, put the
+    Python state its forward runs changed back, since PyTorch runs this step's forward again."""
+    state = PythonState(user_modules(module))
+    try:
+        with _guarded_export(module, state):
+            yield
+    except Exception:
+        state.restore()
+        raise
+
+
+@contextlib.contextmanager
+def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[None]:
     """Run ORT's export of ``module`` safely.
 
     The export uses the TorchScript exporter, leaves the module's buffers as they were, and is
@@ -466,6 +444,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         stack.enter_context(_random_states_kept())
         stack.enter_context(exporting(module))
         mutated, replaced = stack.enter_context(_preserved_buffers(module, exported))
+        stack.enter_context(_traced_batch_norm_calls(module, exported))
         reads = python_reads.reads_of(adapter_of(module))
         stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))
         index_conversions = stack.enter_context(trace_checks.index_conversions(_user_frame))
@@ -479,7 +458,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         stack.enter_context(attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
         no_grad_regions = stack.enter_context(_record_grad_disabling())
-        python_changes, stored_tensors = stack.enter_context(_record_python_state_changes(module))
+        stored_tensors = stack.enter_context(_record_stored_tensors(module, state))
         draws = stack.enter_context(python_random.random_draws(_user_frame))
         try:
             yield
@@ -496,6 +475,7 @@ def guarded_export(module: torch.nn.Module) -> Iterator[None]:
         # The exporter's own deprecation and graph-rewrite notes are about ORT's export call, not the user's code.
         if not issubclass(record.category, torch.jit.TracerWarning) and not record.filename.startswith(_ONNX_DIR):
             warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
+    python_changes = state.changed()
     if calls.unsupported:
         raise ORTUnsupportedModelError(calls.unsupported[0])
     problem = _functions_problem(functions, exported)
