@@ -109,6 +109,12 @@ _HINTS = (
         "module (an nn.Parameter attribute, nn.ParameterList or nn.ParameterDict), or keep that module out of "
         "ORT with ORTStrategy(modules=[...])",
     ),
+    (
+        "HandleBroadcasting",
+        "ORT's gradient builder could not work out the shapes of a broadcast, typically a matmul whose batch "
+        "dimensions broadcast against sizes it cannot follow (W(1, N, ...) @ u(B, N, ...)). Fix: expand the "
+        "operand first (W.expand(B, -1, ...)), or keep that module out of ORT with ORTStrategy(modules=[...])",
+    ),
     ("ComplexFloat is an unexpected tensor scalar type", _COMPLEX),
     ("'aten::polar'", _COMPLEX),
     ("'aten::view_as_complex'", _COMPLEX),

@@ -590,3 +590,33 @@ def test_side_effects_of_a_failed_export_are_undone() -> None:
     assert ort.reports[0].fallback_reason is not None
     assert float(ort.model.mean_logit.compute()) == float(eager.model.mean_logit.compute())
     assert ort.model.mean_logit.update_count == eager.model.mean_logit.update_count == 4
+
+
+class BroadcastRouting(L.LightningModule):
+    """Capsule-style routing: a weight broadcast over the batch in a matmul, then logits from zeros(B, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 20)
+        self.weight = nn.Parameter(0.1 * torch.randn(1, 5, 3, 6, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = x.size(0)
+        predictions = (self.weight @ self.lin(x).view(batch, 5, 1, 4, 1)).squeeze(-1)
+        agreement = (predictions * predictions.sum(1, keepdim=True)).sum(-1)
+        couplings = (torch.zeros(batch, 5, 3) + agreement).softmax(2)
+        return (couplings.unsqueeze(-1) * predictions).sum(1).norm(dim=-1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_broadcast_ort_cannot_differentiate_falls_back_naming_expand() -> None:
+    eager, ort = fit_both(BroadcastRouting, mlp_loader, 3, strategy=ORTStrategy(fallback="warn"))
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "W.expand(B, -1, ...)" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -39,6 +39,8 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "integer-clamp-max": lambda h: h * (h.detach() * 4).long().clamp(max=0.5),
     # ORT has no CumSum of bools (eager counts in int64): position ids from a mask fell back
     "bool-cumsum": lambda h: h * (h > 0).cumsum(-1),
+    # ORT's CPU build has no bool EyeLike: a mask leaving out self-pairs fell back
+    "bool-eye-mask": lambda h: h.masked_fill(torch.eye(h.shape[1], 8, dtype=torch.bool), 0.0),
 }
 
 

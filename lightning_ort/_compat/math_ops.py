@@ -123,6 +123,23 @@ def _in_result_type(operator: str) -> Any:
     return symbolic
 
 
+# types ORT's CPU EyeLike has no kernel for
+_NO_EYE = frozenset(
+    getattr(_type_utils.JitScalarType, name) for name in ("BOOL", "INT8", "UINT8", "INT16", "HALF", "BFLOAT16")
+)
+
+
+def _eye(g: Any, *args: Any) -> Any:
+    """``torch.eye(n, dtype=torch.bool)`` (a mask leaving out self-pairs) as a float ``EyeLike`` cast to its type:
+    ORT's CPU build has no bool ``EyeLike``, and the module fell back."""
+    wanted = _type_utils.JitScalarType.from_value(g.original_node.output(), _type_utils.JitScalarType.UNDEFINED)
+    if wanted not in _NO_EYE or len(args) not in (5, 6):
+        return symbolic_opset9.eye(g, *args)
+    arguments = list(args)
+    arguments[len(args) - 4] = constant(g, int(_type_utils.JitScalarType.FLOAT))  # dtype, before layout
+    return g.op("Cast", symbolic_opset9.eye(g, *arguments), to_i=wanted.onnx_type())
+
+
 def _computed(value: Any) -> bool:
     return symbolic_helper._is_value(value) and not (
         symbolic_helper._is_none(value) or symbolic_helper._is_constant(value)
@@ -149,6 +166,7 @@ def register() -> None:
         CustomOpSymbolicRegistry.register(name, "", symbolic_opset9._floor_divide)
     for name in ("__rshift_", "bitwise_right_shift"):
         CustomOpSymbolicRegistry.register(name, "", _right_shift)
+    CustomOpSymbolicRegistry.register("eye", "", _eye)
     for name in ("clamp", "clamp_min", "clamp_max", "cumsum"):
         CustomOpSymbolicRegistry.register(name, "", _in_result_type(name))
     register_gradient(_POW, f"{_POW}_backward", ["GO(0)", "I(0)", "I(1)"], ["GI(0)", "GI(1)"])
