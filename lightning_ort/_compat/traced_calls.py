@@ -27,6 +27,9 @@ on every call, so torch's TracerWarning for it is dropped (``torch.tensor(0.5)``
 list; a number read from the module is watched by ``python_reads``); built from a list holding tensors
 (``torch.tensor([x.shape[0], 1])``), it is refused with the fix.
 
+In-place changes of views go through :mod:`view_writes`: written back into the viewed tensor when
+indexing made the view, refused otherwise (torch's export drops them).
+
 It also names calls ORT cannot train, whose own errors said nothing a user could act on: packed
 sequences for a recurrent layer, an EmbeddingBag given ``per_sample_weights``; and gradient hooks
 on the forward's tensors (``h.register_hook(...)``, ``retain_grad()``), which left nothing in the
