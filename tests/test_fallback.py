@@ -620,3 +620,24 @@ def test_a_broadcast_ort_cannot_differentiate_falls_back_naming_expand() -> None
     assert report.fallback_reason is not None and "W.expand(B, -1, ...)" in report.fallback_reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class CallLog(MLP):
+    """Appends to a list on every forward: the export's forward runs appended twice more, and a second call
+    found the list changed only after ORT had counted the first step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(1)
+        return super().forward(x)
+
+
+def test_a_list_changed_in_forward_falls_back_counting_each_call_once() -> None:
+    eager, ort = fit_both(CallLog, mlp_loader, 4, strategy=ORTStrategy(fallback="warn"))
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "changes Python attribute(s) self.calls" in report.fallback_reason
+    assert len(ort.model.calls) == len(eager.model.calls) == 4
+    assert_losses_match(eager, ort)

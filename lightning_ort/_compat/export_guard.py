@@ -494,16 +494,16 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
             "computation (torch.rand(()) < p as a tensor mask, nn.Dropout), pass the number to forward as a tensor, "
             "or keep that module out of ORT with ORTStrategy(modules=[...])"
         )
-    if python_changes:
-        raise ORTUnsupportedModelError(
-            f"its forward changes Python attribute(s) {', '.join(python_changes)}; ORT runs the traced graph "
-            "and would never run that code again"
-        )
     if stored_tensors:
         raise ORTUnsupportedModelError(
             f"its forward stores tensor(s) {', '.join(stored_tensors)} on the module; ORT computes them inside its "
             "graph and would never assign them again, so code reading them after forward would see the export's. "
             "Fix: return them from forward"
+        )
+    if python_changes:
+        raise ORTUnsupportedModelError(
+            f"its forward changes Python attribute(s) {', '.join(python_changes)}; ORT runs the traced graph "
+            "and would never run that code again"
         )
     if mutated:
         raise ORTUnsupportedModelError(

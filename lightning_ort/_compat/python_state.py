@@ -58,6 +58,15 @@ def _contents(value: Any) -> Any:
     return None
 
 
+def _moved(value: list[Any] | dict[Any, Any], contents: Any) -> bool:
+    """Whether a list or dict holds other objects than ``contents`` (its shallow copy)."""
+    if len(value) != len(contents):
+        return True
+    if isinstance(value, dict):
+        return value.keys() != contents.keys() or any(value[key] is not contents[key] for key in value)
+    return any(new is not old for new, old in zip(value, contents, strict=True))
+
+
 class PythonState:
     """The Python attributes of ``modules`` (id -> module and the name the user knows it by) as they were
     when it was made: plain values, plain tensors, and list, tuple and dict attributes with their contents."""
@@ -104,13 +113,19 @@ class PythonState:
         return list(dict.fromkeys(found))
 
     def changed(self) -> list[str]:
-        """The plain attributes (numbers, strings, flags) whose values changed."""
-        before = {key: value for key, (value, _) in self._before.items() if isinstance(value, _PLAIN)}
-        found = (
-            self.where(key)
-            for key, value in self._attributes()
-            if isinstance(value, _PLAIN) and before.get(key, _MISSING) != value
-        )
+        """The plain attributes (numbers, strings, flags) whose values changed, and the list and dict attributes
+        that were assigned or whose contents changed (``self.calls.append(1)``)."""
+        found = []
+        for key, value in self._attributes():
+            old, contents = self._before.get(key, (_MISSING, None))
+            if isinstance(value, _PLAIN):
+                moved = old != value
+            elif isinstance(value, (list, dict)):
+                moved = old is not value or _moved(value, contents)
+            else:
+                continue
+            if moved:
+                found.append(self.where(key))
         return list(dict.fromkeys(found))
 
     def restore(self) -> None:
