@@ -641,3 +641,17 @@ def test_a_list_changed_in_forward_falls_back_counting_each_call_once() -> None:
     assert report.fallback_reason is not None and "changes Python attribute(s) self.calls" in report.fallback_reason
     assert len(ort.model.calls) == len(eager.model.calls) == 4
     assert_losses_match(eager, ort)
+
+
+class BatchScaled(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import math
+
+        return super().forward(x) / math.sqrt(x.size(0))
+
+
+def test_a_python_number_from_a_varying_size_falls_back_naming_sizes() -> None:
+    eager, ort = fit_both(BatchScaled, lambda: mlp_loader(n=40), 3, strategy=ORTStrategy(fallback="warn"))
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "a size such as x.shape[0] is a tensor too" in report.fallback_reason
+    assert_losses_match(eager, ort)
