@@ -363,3 +363,45 @@ def test_a_frozen_batch_norm_on_independent_inputs_trains_in_ort() -> None:
     assert_ort_ran(ort, 3)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class TwoOptimizersToggled(Base):
+    """Manual optimization with ``toggle_optimizer`` (GAN-style): Lightning keeps a dict keyed by parameters
+    on the module, which lightning_ort's look at the module's Python state printed (a tensor repr, whose
+    ``no_grad`` the export took for the forward's) and fell back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.body, self.head, self.aux = nn.Linear(16, 24), nn.Linear(24, 3), nn.Linear(24, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.body(x))
+        return self.head(h), self.aux(h)
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        shared = list(self.body.parameters())
+        return [
+            torch.optim.SGD(shared + list(self.head.parameters()), lr=0.05, momentum=0.9),
+            torch.optim.Adam(shared + list(self.aux.parameters()), lr=0.01),
+        ]
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        losses = []
+        for index, optimizer in enumerate(self.optimizers()):
+            self.toggle_optimizer(optimizer)
+            loss = F.cross_entropy(self(x)[index], y)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+            self.untoggle_optimizer(optimizer)
+            losses.append(loss.detach())
+        return sum(losses)
+
+
+def test_toggled_optimizers_train_in_ort_like_eager() -> None:
+    eager, ort = fit_both(TwoOptimizersToggled, mlp_loader, 8)  # two optimizer steps per batch
+    assert_ort_ran(ort, 8)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -42,11 +42,13 @@ def _elements(value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
         return
     items = value.items() if isinstance(value, dict) else enumerate(value)
     for index, element in items:
-        path = f"[{index!r}]"
-        if isinstance(element, torch.Tensor):
-            yield path, element
-        elif isinstance(element, _CONTAINERS):
-            yield from ((path + inner, tensor) for inner, tensor in _elements(element, depth + 1))
+        if isinstance(element, (torch.Tensor, *_CONTAINERS)):
+            # a key that is no plain value (Lightning keys parameters) by its type: its repr may print a tensor
+            path = f"[{index!r}]" if isinstance(index, (str, int)) else f"[<{type(index).__name__}>]"
+            if isinstance(element, torch.Tensor):
+                yield path, element
+            else:
+                yield from ((path + inner, tensor) for inner, tensor in _elements(element, depth + 1))
 
 
 def _contents(value: Any) -> Any:
