@@ -64,8 +64,9 @@ def _moved(value: list[Any] | dict[Any, Any], contents: Any) -> bool:
     """Whether a list or dict holds other objects than ``contents`` (its shallow copy)."""
     if len(value) != len(contents):
         return True
-    if isinstance(value, dict):
-        return value.keys() != contents.keys() or any(value[key] is not contents[key] for key in value)
+    if isinstance(value, dict):  # by identity: keys may be tensors (Lightning keys parameters), whose == is no bool
+        old = {id(key): item for key, item in contents.items()}
+        return any(id(key) not in old or old[id(key)] is not item for key, item in value.items())
     return any(new is not old for new, old in zip(value, contents, strict=True))
 
 
