@@ -302,21 +302,34 @@ def _record_stored_tensors(module: torch.nn.Module, state: PythonState) -> Itera
 
 @contextlib.contextmanager
 def _traced_batch_norm_calls(module: torch.nn.Module, exported: _ExportRecord) -> Iterator[None]:
-    """Record how often the traced forward runs each training BatchNorm layer that counts its batches (ORT's
-    graph cannot advance ``num_batches_tracked``; batchnorm.py does, per call). Only the trace's calls count:
-    ORT runs a module it cannot deep-copy (a pruned one) once more for its output schema."""
-    counts: dict[torch.nn.Module, int] = {}
-
-    def count(layer: torch.nn.Module, args: Any, output: Any) -> None:
-        if torch.jit.is_tracing() and layer.training and layer.track_running_stats:
-            counts[layer] = counts.get(layer, 0) + 1
-
+    """Record how often the traced forward ran each BatchNorm layer, from how far it advanced the layer's
+    ``num_batches_tracked`` (ORT's graph cannot advance it; batchnorm.py does, per call). Only the trace's
+    forward counts: ORT runs a module it cannot deep-copy (a pruned one) once more for its output schema."""
     layers = [
         layer
         for layer in module.modules()
         if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and layer.num_batches_tracked is not None
     ]
-    handles = [layer.register_forward_hook(count) for layer in layers]
+    starts: dict[torch.nn.Module, int] = {}
+    counts: dict[torch.nn.Module, int] = {}
+
+    def batches() -> dict[torch.nn.Module, int]:
+        tracing = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)  # read as numbers outside the trace (no TracerWarning, no nodes)
+        try:
+            return {layer: int(layer.num_batches_tracked) for layer in layers}
+        finally:
+            torch._C._set_tracing_state(tracing)
+
+    def started(traced: torch.nn.Module, args: Any) -> None:
+        if torch.jit.is_tracing():
+            starts.update(batches())
+
+    def ended(traced: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.jit.is_tracing():
+            counts.update((layer, count - starts[layer]) for layer, count in batches().items())
+
+    handles = [module.register_forward_pre_hook(started), module.register_forward_hook(ended)]
     try:
         yield
     finally:
