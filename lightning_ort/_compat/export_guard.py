@@ -39,7 +39,8 @@ _UNSAFE_TRACER_PHRASES = (
 
 # int(), float() or math of a size read from the input is such a value too, since the export traces sizes as tensors
 _SIZES_ARE_TENSORS = (
-    " (under the export a size such as x.shape[0] is a tensor too, so int(x.shape[0] / 4) or math.sqrt(x.size(1)) "
+    " (if it is a size: under the export a size such as x.shape[0] is a tensor too, so int(x.shape[0] / 4) or "
+    "math.sqrt(x.size(1)) "
     "freezes the first batch's number. Fix: keep it a tensor (x.shape[0] // 4, x.size(1) ** 0.5), or compute it "
     "from a number the module keeps)"
 )
@@ -581,7 +582,8 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         raise ORTUnsupportedModelError(_NUMBER_OUTPUT)
     if unsafe:
         first = unsafe[0]
-        sizes = _SIZES_ARE_TENSORS if "Converting a tensor to a Python" in str(first.message) else ""
+        text = str(first.message)
+        sizes = _SIZES_ARE_TENSORS if "Converting a tensor to a Python" in text and "boolean" not in text else ""
         raise ORTUnsupportedModelError(
             "its forward has Python control flow or values that depend on tensor data, which the ONNX "
             f"export would freeze ({first.filename}:{first.lineno}: {first.message}){sizes}"

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import sys
 import types
@@ -77,6 +78,8 @@ _PYTHON_NUMBERS = (bool, int, float, complex)
 _GRADIENT_HOOKS = frozenset({"register_hook", "retain_grad", "register_post_accumulate_grad_hook"})
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_ORT_SPEC = importlib.util.find_spec("onnxruntime")
+_ORT_DIR = os.path.dirname(_ORT_SPEC.origin) if _ORT_SPEC and _ORT_SPEC.origin else _TORCH_DIR
 _REQUIRES_GRAD_READ = (
     "; ORT exports the forward with gradients off, so every tensor reads False there and the graph keeps the "
     "branch for no gradients. Fix: decide with a flag the module keeps (self.training), or keep that module "
@@ -330,7 +333,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
             result = func(*args, **kwargs)
         if tracing:
             self.views.record(func, args, result)
-        if tracing and _copied_data(func, args, kwargs) == "numbers":
+        if tracing and _copied_data(func, args, kwargs) == "numbers" and not _from_ort(sys._getframe(1)):
             # a tensor of Python numbers is the same on every call; a number read from the module is watched
             # by python_reads, one converted from a tensor has its own TracerWarning
             self.records[recorded:] = [r for r in self.records[recorded:] if _CONSTANT_DATA not in str(r.message)]
@@ -362,6 +365,12 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
             if not any(id(part) in returned or _has_uses(part) for part in parts):
                 _note(self.counted_splits, location)
         self._splits.clear()
+
+
+def _from_ort(caller: types.FrameType) -> bool:
+    """Whether ORT's code made the call: it turns numbers among forward's outputs into tensors, and the export
+    guard refuses those by the TracerWarning ``torch.tensor`` gives there."""
+    return caller.f_code.co_filename.startswith(_ORT_DIR)
 
 
 def _from_library(caller: types.FrameType) -> bool:
