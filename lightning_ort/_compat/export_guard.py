@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import io
 import logging
 import os
@@ -22,7 +21,7 @@ from torch.onnx import TrainingMode
 from lightning_ort._compat import python_random, python_reads, trace_checks
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.python_state import PythonState
-from lightning_ort._compat.traced_calls import computed_from_inputs, traced_calls
+from lightning_ort._compat.traced_calls import ORT_DIR, computed_from_inputs, traced_calls
 from lightning_ort._compat.value_traces import exporting, value_trace
 from lightning_ort.errors import ORTUnsupportedModelError
 
@@ -47,10 +46,8 @@ _SIZES_ARE_TENSORS = (
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
 _COMPAT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_ORT_SPEC = importlib.util.find_spec("onnxruntime")
-_ORT_DIR = os.path.dirname(_ORT_SPEC.origin) + os.sep if _ORT_SPEC and _ORT_SPEC.origin else _COMPAT_DIR
 # ORT turns Python numbers among forward's outputs into tensors here, under the trace (a TracerWarning)
-_ORT_OUTPUT_FLATTENING = os.path.join(_ORT_DIR, "training", "utils", "torch_io_helper.py")
+_ORT_OUTPUT_FLATTENING = os.path.join(ORT_DIR, "training", "utils", "torch_io_helper.py")
 _NUMBER_OUTPUT = (
     "its forward returns a Python number (int, float or bool) among its outputs; ORT's graph has tensor outputs "
     "only, and the export would freeze that number at its first value. Fix: return tensors only (compute the "
@@ -238,7 +235,7 @@ def _user_frame() -> str | None:
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith((_TORCH_DIR, _COMPAT_DIR, _ORT_DIR)) and not filename.startswith("<frozen"):
+        if not filename.startswith((_TORCH_DIR, _COMPAT_DIR, ORT_DIR)) and not filename.startswith("<frozen"):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return None

@@ -79,7 +79,8 @@ _GRADIENT_HOOKS = frozenset({"register_hook", "retain_grad", "register_post_accu
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _ORT_SPEC = importlib.util.find_spec("onnxruntime")
-_ORT_DIR = os.path.dirname(_ORT_SPEC.origin) if _ORT_SPEC and _ORT_SPEC.origin else _TORCH_DIR
+# ORT's package directory (the export guard skips its frames too); torch's when ORT is missing
+ORT_DIR = os.path.dirname(_ORT_SPEC.origin) + os.sep if _ORT_SPEC and _ORT_SPEC.origin else _TORCH_DIR
 _REQUIRES_GRAD_READ = (
     "; ORT exports the forward with gradients off, so every tensor reads False there and the graph keeps the "
     "branch for no gradients. Fix: decide with a flag the module keeps (self.training), or keep that module "
@@ -370,7 +371,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
 def _from_ort(caller: types.FrameType) -> bool:
     """Whether ORT's code made the call: it turns numbers among forward's outputs into tensors, and the export
     guard refuses those by the TracerWarning ``torch.tensor`` gives there."""
-    return caller.f_code.co_filename.startswith(_ORT_DIR)
+    return caller.f_code.co_filename.startswith(ORT_DIR)
 
 
 def _from_library(caller: types.FrameType) -> bool:
