@@ -247,6 +247,8 @@ def aten_ops_sources() -> list[Path]:
         "upsample_ops.cc",
         "activation_ops.cc",
         "math_ops.cc",
+        "special_ops.cc",
+        "indexing_ops.cc",
         "layer_ops.cc",
         "pooling_ops.cc",
         "reduction_ops.cc",

@@ -54,6 +54,11 @@ NON_DIFFERENTIABLE = {
 STOP_GRADIENT_OPERATORS = {"detach_copy"}
 
 
+def add_operator(operator: str, slots: tuple[str, ...]) -> None:
+    """Declare ``operator``'s inputs that can need gradients, named as its overloads name them."""
+    OPERATORS[operator] = slots
+
+
 def aten_node(operator: str, inputs: list[str], outputs: list[str], overload: str = "") -> tuple[Any, ...]:
     """A gradient-definition node that runs ``operator`` through ORT's ATen executor."""
     attributes = {"operator": {"value": operator, "dtype": "string"}}

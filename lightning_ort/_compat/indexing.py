@@ -28,6 +28,9 @@
 - ``repeat_interleave`` with a tensor of repeats: torch's export reshapes per repeat and ORT's
   gradient fails when one of them is 0. The input is gathered at the positions torch's
   ``repeat_interleave(repeats)`` gives (an ATen node); ``Gather``'s gradient sums the copies back.
+- ``torch.diff`` and ``torch.take_along_dim``: torch 2.13 cannot export them, and models using them
+  fell back to PyTorch. They run torch's kernels (``csrc/indexing_ops.cc``, eager autograd as their
+  gradients); ``diff``'s ``prepend`` and ``append`` are concatenated in the graph.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from torch.onnx._internal.torchscript_exporter import (
     symbolic_opset16,
 )
 
-from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node
+from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node, register_simple_gradient
 from lightning_ort._compat.torch_kernels import ATEN, _none, aten_like, constant
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
@@ -174,6 +177,30 @@ def _tile(g: Any, self: Any, dims: Any) -> Any:
     )
 
 
+def _diff(g: Any, self: Any, n: Any, dim: Any, prepend: Any, append: Any) -> Any:
+    order, axis = (symbolic_helper._maybe_get_const(value, "i") for value in (n, dim))
+    rank = symbolic_helper._get_tensor_rank(self)
+    if symbolic_helper._is_value(order) or symbolic_helper._is_value(axis) or rank is None:
+        return symbolic_helper._unimplemented("diff", "n or dim not constant, or rank unknown", self)
+    parts = [part for part in (prepend, self, append) if not symbolic_helper._is_none(part)]
+    if len(parts) > 1:
+        joined = g.op("Concat", *parts, axis_i=int(axis) % max(rank, 1))
+        joined.setType(self.type().with_sizes([None] * rank))
+        self = joined
+    arguments = [constant(g, int(order), torch.int64), constant(g, int(axis), torch.int64)]
+    return aten_like(g, "lightning_ort::diff", self, *arguments, same_sizes=False)
+
+
+def _take_along_dim(g: Any, self: Any, indices: Any, dim: Any = None) -> Any:
+    axis = None if dim is None or symbolic_helper._is_none(dim) else symbolic_helper._maybe_get_const(dim, "i")
+    if axis is None or symbolic_helper._is_value(axis):
+        return symbolic_helper._unimplemented("take_along_dim", "without a constant dim", self)
+    output = aten_like(g, "lightning_ort::take_along_dim", self, indices, constant(g, int(axis), torch.int64))
+    rank = symbolic_helper._get_tensor_rank(self)
+    output.setType(self.type().with_sizes([None] * rank) if rank is not None else self.type())
+    return output
+
+
 def _flip_gradient() -> list[Any]:
     return [aten_node("flip", ["GO(0)", "I(1)"], ["GI(0)"])]
 
@@ -195,5 +222,10 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("repeat_interleave", "", _repeat_interleave)
     CustomOpSymbolicRegistry.register("tile", "", _tile)
     CustomOpSymbolicRegistry.register("roll", "", _roll)
+    CustomOpSymbolicRegistry.register("diff", "", _diff)
+    CustomOpSymbolicRegistry.register("take_along_dim", "", _take_along_dim)
     CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("flip", ""), _flip_gradient)
     CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("roll", ""), _roll_gradient)
+    inputs = ["GO(0)", "I(0)", "I(1)", "I(2)"]
+    register_simple_gradient("lightning_ort::diff", "lightning_ort::diff_backward", inputs)
+    register_simple_gradient("lightning_ort::take_along_dim", "lightning_ort::take_along_dim_backward", inputs)

@@ -1,11 +1,12 @@
 """Math functions ORT could not train, on torch's kernels inside ORT's graph.
 
 torch 2.13 cannot export ``expm1``, ``trunc``, ``cumprod`` and ``logcumsumexp`` to ONNX, nor
-``F.threshold`` with a threshold other than 0; ORT 1.19.2 has no gradient for ``Atan`` and
-``Sign``, and builds an invalid gradient graph for ``logsumexp`` without ``keepdim``. Models using
-them fell back to PyTorch. They are exported as ATen nodes running torch's operators, with eager
-autograd's formulas as gradients (``csrc/math_ops.cc``; the gradient of ``trunc`` and ``sign`` is
-zero, as in eager), whatever ``op_rewrites`` says.
+``F.threshold`` with a threshold other than 0; ORT 1.19.2 has no gradient for ``Atan``, ``Sign``,
+``Round``, ``Floor`` and ``Ceil``, and builds an invalid gradient graph for ``logsumexp`` without
+``keepdim``. Models using them fell back to PyTorch. They are exported as ATen nodes running torch's
+operators, with eager autograd's formulas as gradients (``csrc/math_ops.cc``; the gradient of
+``trunc``, ``sign``, ``round``, ``floor`` and ``ceil`` is zero, as in eager), whatever
+``op_rewrites`` says.
 
 Silently wrong before: ORT 1.19.2 has no gradient for ``Pow``'s exponent and drops it, so a power
 with a tensor exponent (``2.0 ** h``, GeM pooling's learnt ``p`` where ``p`` also reaches the loss
@@ -178,4 +179,5 @@ def register() -> None:
     register_simple_gradient("lightning_ort::cumprod", "lightning_ort::cumprod_backward", ["GO(0)", "I(0)", "I(1)"])
     register_simple_gradient("logcumsumexp", "lightning_ort::logcumsumexp_backward", ["GO(0)", "I(0)", "I(1)"])
     CustomGradientRegistry.register(GRAD_DOMAIN, "ATen", ("trunc", ""), _zero_gradient)
-    CustomGradientRegistry.register("", "Sign", (), _zero_gradient)
+    for op_type in ("Sign", "Round", "Floor", "Ceil"):  # step functions: eager's gradient is zero
+        CustomGradientRegistry.register("", op_type, (), _zero_gradient)

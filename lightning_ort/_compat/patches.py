@@ -367,6 +367,7 @@ def install() -> None:
         rnn_dropout,
         sampling,
         scalar_inputs,
+        special_functions,
         split_gradients,
         unbind,
         upsample,
@@ -376,6 +377,7 @@ def install() -> None:
     activations.register()
     pad_shuffle.register()
     math_ops.register()
+    special_functions.register()
     matrix_transposes.register()
     losses.register()
     layers.register()

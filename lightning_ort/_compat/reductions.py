@@ -7,7 +7,9 @@ and builds an invalid gradient graph for ``ReduceL2`` without ``keepdim`` or ove
 models using them fell back to PyTorch. They are exported as ATen nodes running torch's operators,
 with eager autograd's own gradients (``csrc/reduction_ops.cc``): a norm's gradient is 0 where the
 norm is, a product's is exact with zero factors, and amax/amin split it evenly among tied maxima,
-whatever ``op_rewrites`` says. A norm with an explicit ``dtype`` keeps torch's export.
+whatever ``op_rewrites`` says. A norm with an explicit ``dtype`` keeps torch's export. torch 2.13
+cannot export ``nansum`` and ``nanmean`` (a loss over targets with missing values); they run the same
+way.
 """
 
 from __future__ import annotations
@@ -109,6 +111,18 @@ def _extremum(operator: str) -> Any:
     return symbolic
 
 
+def _nan_reduction(operator: str) -> Any:
+    def symbolic(g: Any, self: Any, dim: Any, keepdim: Any, dtype: Any) -> Any:
+        dims = _dims(dim)
+        keep = symbolic_helper._maybe_get_const(keepdim, "b")
+        if dims is None or symbolic_helper._is_value(keep) or not symbolic_helper._is_none(dtype):
+            symbolic_helper._onnx_unsupported(f"{operator} with dimensions that are not constant, or a dtype", self)
+        arguments = [constant(g, dims, torch.int64), constant(g, bool(keep), torch.bool)]
+        return _reduced(g, f"lightning_ort::{operator}", self, arguments, dims, bool(keep))
+
+    return symbolic
+
+
 def register() -> None:
     """Register the symbolics and gradients with ORT's registries (process-wide)."""
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
@@ -119,6 +133,10 @@ def register() -> None:
     for operator in ("amax", "amin"):
         CustomOpSymbolicRegistry.register(operator, "", _extremum(operator))
         register_simple_gradient(operator, f"lightning_ort::{operator}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"])
+    for operator in ("nansum", "nanmean"):
+        CustomOpSymbolicRegistry.register(operator, "", _nan_reduction(operator))
+        inputs = ["GO(0)", "I(0)", "I(1)", "I(2)"]
+        register_simple_gradient(f"lightning_ort::{operator}", f"lightning_ort::{operator}_backward", inputs)
     inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"]
     register_simple_gradient(_VECTOR_NORM, "lightning_ort::vector_norm_backward", inputs)
     register_simple_gradient(_PROD, "lightning_ort::prod_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"])

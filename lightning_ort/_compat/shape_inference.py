@@ -32,7 +32,7 @@ import sympy
 from onnx import helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_shape_from_sympy_shape, is_literal
 
-from lightning_ort._compat import activations, indexing, layers, math_ops, sampling, upsample
+from lightning_ort._compat import activations, indexing, layers, math_ops, sampling, special_functions, upsample
 
 Shape = list[Any]  # ints and symbol names; None where unknown
 
@@ -153,6 +153,8 @@ _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None
     "lightning_ort::pow": _broadcast,
     **{operator: _same_as_input for operator in activations.OPERATORS},
     **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
+    **{operator: _same_as_input for operator in special_functions.SAME_SHAPE_OPERATORS},
+    **{operator: _broadcast for operator in special_functions.BROADCAST_OPERATORS},
     **{operator: _same_as_input for operator in layers.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in indexing.SAME_SHAPE_OPERATORS},
     **sampling.OUTPUT_SHAPES,

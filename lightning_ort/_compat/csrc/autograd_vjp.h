@@ -60,7 +60,8 @@ inline std::vector<at::Tensor> vjp(const Forward& forward, const std::vector<at:
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined() || !needed[i]) continue;
     auto& computed_grad = computed[next++];
-    grads[i] = computed_grad.defined() ? computed_grad : at::zeros_like(inputs[i]);
+    // torch returns some zero gradients (sgn's, sign's) as ZeroTensors, which own no memory
+    grads[i] = computed_grad.defined() && !computed_grad._is_zerotensor() ? computed_grad : at::zeros_like(inputs[i]);
   }
   return grads;
 }

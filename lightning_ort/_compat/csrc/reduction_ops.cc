@@ -1,5 +1,5 @@
-// Reductions ORT 1.19.2 cannot differentiate (reductions.py): vector norms, prod, amax and amin on
-// torch's kernels, with eager autograd's own gradients (autograd_vjp.h): norms masked where they
+// Reductions ORT 1.19.2 cannot differentiate or torch cannot export (reductions.py): vector norms,
+// prod, amax, amin, nansum and nanmean on torch's kernels, with eager autograd's own gradients (autograd_vjp.h): norms masked where they
 // are 0, prod exact with zeros among the factors, amax/amin split evenly among ties.
 
 #include <ATen/ATen.h>
@@ -50,6 +50,23 @@ at::Tensor amin_backward(const at::Tensor& grad, const at::Tensor& self, at::Int
   return vjp(forward, {self}, {true}, grad)[0];
 }
 
+// nansum / nanmean: an empty `dim` stands for None (every dimension)
+at::Tensor nansum(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  return at::nansum(self, dim.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dim), keepdim);
+}
+
+at::Tensor nanmean(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  return at::nanmean(self, dim.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dim), keepdim);
+}
+
+template <at::Tensor (*kReduction)(const at::Tensor&, at::IntArrayRef, bool)>
+at::Tensor nan_reduction_backward(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef dim,
+                                  bool keepdim) {
+  std::vector<int64_t> dims(dim.begin(), dim.end());
+  auto forward = [&](const std::vector<at::Tensor>& inputs) { return kReduction(inputs[0], dims, keepdim); };
+  return vjp(forward, {self}, {true}, grad)[0];
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
@@ -59,5 +76,11 @@ TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   m.def("prod(Tensor self, int[] dim, bool keepdim) -> Tensor", &prod);
   m.def("prod_backward(Tensor grad, Tensor self, int[] dim, bool keepdim) -> Tensor", &prod_backward);
   m.def("amax_backward(Tensor grad, Tensor self, int[] dim, bool keepdim) -> Tensor", &amax_backward);
+  m.def("nansum(Tensor self, int[] dim, bool keepdim) -> Tensor", &nansum);
+  m.def("nansum_backward(Tensor grad, Tensor self, int[] dim, bool keepdim) -> Tensor",
+        &nan_reduction_backward<&nansum>);
+  m.def("nanmean(Tensor self, int[] dim, bool keepdim) -> Tensor", &nanmean);
+  m.def("nanmean_backward(Tensor grad, Tensor self, int[] dim, bool keepdim) -> Tensor",
+        &nan_reduction_backward<&nanmean>);
   m.def("amin_backward(Tensor grad, Tensor self, int[] dim, bool keepdim) -> Tensor", &amin_backward);
 }
