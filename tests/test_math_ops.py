@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Between, sequence_batches
+from models import Base, Between, sequence_batches
+from torch import nn
 from torch.utils.data import DataLoader
 
 
@@ -104,3 +106,38 @@ def test_clamp_with_learnt_bounds_trains_them_like_eager() -> None:
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
     assert float(ort.state["low"]) != -0.3 and not torch.equal(ort.state["high"], torch.full((8,), 0.3))
+
+
+class ReducedThenUnsqueezed(Base):
+    """A reduction's output given its dimension back, averaged over positions, scaled per class."""
+
+    def __init__(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.reduce = reduce
+        self.inner = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.linspace(-1, 1, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce(self.inner(x)).unsqueeze(-1).mean(1) * self.scale
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+RANK_REDUCING: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "amax": lambda h: h.amax(-1),
+    "norm": lambda h: h.norm(dim=-1),
+    "prod": lambda h: torch.prod(torch.sigmoid(h), -1),
+    "logsumexp": lambda h: torch.logsumexp(h, -1),
+    "nanmean": lambda h: h.nanmean(-1),
+}
+
+
+@pytest.mark.parametrize("reduce", RANK_REDUCING.values(), ids=RANK_REDUCING.keys())
+def test_reduced_output_has_the_reduced_rank(reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """ORT's shape inference gave these ATen nodes' outputs their input's rank, and the gradient graph
+    of what followed reduced the wrong axes (it failed in the backward pass)."""
+    eager, ort = fit_both(lambda: ReducedThenUnsqueezed(reduce), sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -33,12 +33,17 @@ from onnx import helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_shape_from_sympy_shape, is_literal
 
 from lightning_ort._compat import activations, indexing, layers, math_ops, sampling, special_functions, upsample
+from lightning_ort._compat.gradient_overloads import aten_operator
 
 Shape = list[Any]  # ints and symbol names; None where unknown
 
 
 def _same_as_input(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
     return shapes[0]
+
+
+def _unknown(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+    return None
 
 
 def _broadcast(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
@@ -168,6 +173,7 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.assumed: set[str] = set()
+        self.exported_ranks: dict[str, int] = {}  # of ATen nodes' outputs, as torch's export typed them
         for operator, output_shape in _OUTPUT_SHAPES.items():
             self.aten_op_dispatcher_[operator] = functools.partial(self._infer_lightning_ort, output_shape)
         for operator in upsample.OPERATORS:  # batch and channels kept, new spatial sizes
@@ -188,7 +194,9 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
             tensor_type = info.type.tensor_type
             shape = output_shape(inputs, flags) if index == 0 else None
             if shape is None:  # the rank the exporter gave, else input 0's (ORT's guess for any operator)
-                if tensor_type.HasField("shape"):
+                if name in self.exported_ranks:
+                    shape = [None] * self.exported_ranks[name]
+                elif tensor_type.HasField("shape"):
                     shape = [None] * len(tensor_type.shape.dim)
                 elif inputs[0] is not None:
                     shape = [None] * len(inputs[0])
@@ -275,6 +283,18 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     Raises what ORT's inference raises when it cannot complete, and when it would repeat itself forever."""
     inference = _RecordingInference(2**31 - 1, True, True, 0)  # int_max, auto_merge, guess_output_rank, verbose
     inference._preprocess(model)
+    # ATen nodes: ORT's inference gave any operator it does not know its input 0's rank, wrong for a
+    # reduction (``x.amax(-1).unsqueeze(-1)``: the gradient graph then reduced the wrong axes)
+    exported = {info.name: info for info in model.graph.value_info if info.type.tensor_type.HasField("shape")}
+    for node in model.graph.node:
+        operator = aten_operator(node)
+        if operator is None:
+            continue
+        for name in node.output:
+            if name in exported:
+                inference.exported_ranks[name] = len(exported[name].type.tensor_type.shape.dim)
+        if operator not in inference.aten_op_dispatcher_:
+            inference.aten_op_dispatcher_[operator] = functools.partial(inference._infer_lightning_ort, _unknown)
     complete = False
     merges: dict[Any, Any] | None = None
     while inference.run_:
