@@ -655,3 +655,39 @@ def test_a_python_number_from_a_varying_size_falls_back_naming_sizes() -> None:
     (report,) = ort.reports
     assert report.fallback_reason is not None and "a size such as x.shape[0] is a tensor too" in report.fallback_reason
     assert_losses_match(eager, ort)
+
+
+class AssertsSizes(MLP):
+    """nanoGPT's ``assert t <= block_size``: an assertion on sizes or values, one line or several."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        assert x.shape[0] <= 64, f"batch of {x.shape[0]} over 64"
+        assert hidden.shape[-1] == self.head.in_features and torch.isfinite(hidden).all(), (
+            "hidden features must be finite"
+        )
+        return self.head(hidden)
+
+
+class BranchesOnSize(MLP):
+    """The same condition as a branch: the export would freeze the branch taken."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        if x.shape[0] <= 12:
+            hidden = hidden * 2
+        return self.head(hidden)
+
+
+def test_assert_statements_train_in_ort() -> None:
+    eager, ort = fit_both(AssertsSizes, mlp_loader, 6)
+    assert_ort_ran(ort, 6)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+def test_branch_on_the_asserted_condition_still_falls_back() -> None:
+    eager, ort = fit_both(BranchesOnSize, lambda: mlp_loader(batch_size=12, n=60), 4)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "control flow" in report.fallback_reason
+    assert_states_match(eager, ort)
