@@ -14,6 +14,8 @@ from models import Base, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lightning_ort import ORTStrategy
+
 
 class ImageNet(Base):
     """A convolution, ``layer``, and a head over the pooled channels (images built from sequences)."""
@@ -131,5 +133,48 @@ def test_embedding_bag_with_per_sample_weights_falls_back_with_the_reason() -> N
     (report,) = ort.reports
     assert report.fallback_reason is not None and "per_sample_weights" in report.fallback_reason
     assert "test_layers.py" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class GroupNormFirst(Base):
+    """GroupNorm on an input that needs no gradient: the raw images, or a frozen stem's features."""
+
+    def __init__(self, stem: str, dims: int) -> None:
+        super().__init__()
+        conv = nn.Conv2d if dims == 2 else nn.Conv1d
+        self.stem = conv(3, 4, 3, padding=1) if stem == "frozen-stem" else nn.Identity()
+        self.stem.requires_grad_(False)
+        self.norm = nn.GroupNorm(2, 4 if stem == "frozen-stem" else 3 + 1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x) if isinstance(self.stem, nn.Conv1d | nn.Conv2d) else torch.cat([x, x[:, :1]], 1)
+        return self.head(F.relu(self.norm(h)).flatten(2).mean(2))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def raw_inputs(dims: int) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    sizes = (8, 8)[:dims]
+    batches = [(torch.randn(b, 3, *sizes, generator=g), torch.randint(0, 3, (b,), generator=g)) for b in (5, 3, 4)]
+    return DataLoader(batches, batch_size=None)
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels-last", "channels-first"])
+@pytest.mark.parametrize("dims", [2, 1], ids=["images", "sequences"])
+@pytest.mark.parametrize("stem", ["raw-input", "frozen-stem"])
+def test_group_norm_of_an_input_without_gradient(stem: str, dims: int, channels_last: bool) -> None:
+    """ORT's gradient of GroupNorm failed on such an input ("Const_0 is not a valid intermediate output"),
+    and the channels-last kernel's backward crashed the process (SIGSEGV)."""
+    eager, ort = fit_both(
+        lambda: GroupNormFirst(stem, dims),
+        lambda: raw_inputs(dims),
+        3,
+        strategy=ORTStrategy(channels_last=channels_last),
+    )
+    assert_ort_ran(ort, 3)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -41,7 +41,7 @@ NHWC_FORMS = {
     "_adaptive_avg_pool2d": ("lightning_ort::adaptive_avg_pool2d_nhwc", (0,)),  # ORT's symbolic
     "lightning_ort::upsample_nearest": ("lightning_ort::upsample_nearest2d_nhwc", (0,)),  # upsample.py
     "lightning_ort::upsample_linear": ("lightning_ort::upsample_bilinear2d_nhwc", (0,)),  # upsample.py
-    "native_group_norm": ("lightning_ort::group_norm_nhwc", (0,)),  # ORT's symbolic
+    "lightning_ort::group_norm_affine": ("lightning_ort::group_norm_nhwc", (0,)),  # layers.py
 }
 # Nodes whose every output is computed element by element from their inputs (with broadcasting)
 ELEMENTWISE = {

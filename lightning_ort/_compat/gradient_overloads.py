@@ -30,6 +30,7 @@ OPERATORS = {
     "lightning_ort::convolution_bias_nhwc": ("input", "weight", "bias"),
     "lightning_ort::batch_norm_nhwc": ("input", "weight", "bias"),
     "lightning_ort::group_norm_nhwc": ("input", "weight", "bias"),
+    "lightning_ort::group_norm_affine": ("input", "weight", "bias"),
     "lightning_ort::layer_norm": ("input", "weight", "bias"),
     "lightning_ort::attention": ("query", "key", "value", "mask"),
     "lightning_ort::matmul": ("self", "other"),

@@ -8,7 +8,9 @@
   ``MaxPool``, and not at all otherwise;
 - ``nn.EmbeddingBag``: exported as an ONNX ``Loop`` whose gradient ORT cannot build;
 - ``nn.GroupNorm(affine=False)``: exported as ``InstanceNormalization`` (ORT's own export handles
-  only the affine form).
+  only the affine form);
+- ``nn.GroupNorm`` whose input needs no gradient (a first layer, after a frozen stem): ORT's
+  gradient of its ``native_group_norm`` failed ("Const_0 is not a valid intermediate output").
 
 Models with them fell back to PyTorch. They are exported as ATen nodes running torch's operators,
 and their gradients are eager autograd's (``csrc/layer_ops.cc``; adaptive max pooling uses torch's
@@ -28,7 +30,11 @@ from lightning_ort._compat.torch_kernels import ATEN, aten_like, constant
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
 _NORMS = ("instance_norm", "instance_norm_affine", "batch_statistics_norm", "batch_statistics_norm_affine")
-SAME_SHAPE_OPERATORS = tuple(f"lightning_ort::{name}" for name in ("prelu", "group_norm", *_NORMS))
+GROUP_NORM_AFFINE = "lightning_ort::group_norm_affine"
+SAME_SHAPE_OPERATORS = (
+    *(f"lightning_ort::{name}" for name in ("prelu", "group_norm", *_NORMS)),
+    GROUP_NORM_AFFINE,
+)
 
 
 def _prelu(g: Any, self: Any, weight: Any) -> Any:
@@ -98,11 +104,22 @@ def _group_norm(ort_export: Any) -> Any:
     def symbolic(g: Any, input: Any, num_groups: Any, weight: Any, bias: Any, eps: Any, cudnn_enabled: Any) -> Any:
         groups = symbolic_helper._maybe_get_const(num_groups, "i")
         epsilon = symbolic_helper._maybe_get_const(eps, "f")
-        plain = symbolic_helper._is_none(weight) and symbolic_helper._is_none(bias)
-        if not plain or symbolic_helper._is_value(groups) or symbolic_helper._is_value(epsilon):
+        if symbolic_helper._is_value(groups) or symbolic_helper._is_value(epsilon):
             return ort_export(g, input, num_groups, weight, bias, eps, cudnn_enabled)
-        arguments = (constant(g, int(groups), torch.int64), constant(g, float(epsilon), torch.float32))
-        return aten_like(g, "lightning_ort::group_norm", input, *arguments)
+        if symbolic_helper._is_none(weight) and symbolic_helper._is_none(bias):
+            arguments = (constant(g, int(groups), torch.int64), constant(g, float(epsilon), torch.float32))
+            return aten_like(g, "lightning_ort::group_norm", input, *arguments)
+        if symbolic_helper._is_none(weight) or symbolic_helper._is_none(bias):
+            return ort_export(g, input, num_groups, weight, bias, eps, cudnn_enabled)
+        # ORT's arguments for native_group_norm, on lightning_ort's operator
+        shape = g.op("Shape", input)
+        batch, channels = (g.op("Gather", shape, constant(g, index, torch.int64), axis_i=0) for index in (0, 1))
+        positions = g.op("Div", g.op("Size", input), g.op("Mul", batch, channels))
+        arguments = (batch, channels, positions, constant(g, int(groups), torch.int64))
+        output = g.op(ATEN, input, weight, bias, *arguments, constant(g, float(epsilon), torch.float32),
+                      operator_s=GROUP_NORM_AFFINE, outputs=3)[0]  # fmt: skip
+        output.setType(input.type())
+        return output
 
     return symbolic
 
@@ -164,6 +181,9 @@ def register() -> None:
     for dims in (2, 3):
         register_simple_gradient(f"adaptive_max_pool{dims}d", f"adaptive_max_pool{dims}d_backward",
                                  ["GO(0)", "I(0)", "O(1)"])  # fmt: skip
+    register_gradient(GROUP_NORM_AFFINE, f"{GROUP_NORM_AFFINE}_backward",
+                      ["GO(0)", "I(0)", "O(1)", "O(2)", "I(1)", "I(3)", "I(4)", "I(5)", "I(6)"],
+                      ["GI(0)", "GI(1)", "GI(2)"])  # fmt: skip
     register_simple_gradient("lightning_ort::group_norm", "lightning_ort::group_norm_backward",
                              ["GO(0)", "I(0)", "I(1)", "I(2)"])  # fmt: skip
     register_simple_gradient("lightning_ort::embedding_bag", "lightning_ort::embedding_bag_backward",

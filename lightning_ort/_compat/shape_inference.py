@@ -42,6 +42,12 @@ def _same_as_input(shapes: list[Shape | None], flags: list[Any]) -> Shape | None
     return shapes[0]
 
 
+def _rank(info: onnx.ValueInfoProto) -> int | None:
+    if not info.type.tensor_type.HasField("shape"):
+        return None
+    return len(info.type.tensor_type.shape.dim)
+
+
 def _unknown(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
     return None
 
@@ -203,7 +209,9 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
                 else:
                     continue
             fresh = self._new_symbolic_shape(len(shape), node, index)
-            dims = [str(new) if dim is None else dim for dim, new in zip(shape, fresh, strict=True)]
+            # a new symbol may already be merged into a number
+            fresh_dims = get_shape_from_sympy_shape(fresh)
+            dims = [new if dim is None else dim for dim, new in zip(shape, fresh_dims, strict=True)]
             elem_type = tensor_type.elem_type or self.known_vi_[node.input[0]].type.tensor_type.elem_type
             info.CopyFrom(helper.make_tensor_value_info(name, elem_type, dims))
 
@@ -285,14 +293,13 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     inference._preprocess(model)
     # ATen nodes: ORT's inference gave any operator it does not know its input 0's rank, wrong for a
     # reduction (``x.amax(-1).unsqueeze(-1)``: the gradient graph then reduced the wrong axes)
-    exported = {info.name: info for info in model.graph.value_info if info.type.tensor_type.HasField("shape")}
+    exported = {info.name: _rank(info) for info in model.graph.value_info}
     for node in model.graph.node:
         operator = aten_operator(node)
         if operator is None:
             continue
-        for name in node.output:
-            if name in exported:
-                inference.exported_ranks[name] = len(exported[name].type.tensor_type.shape.dim)
+        ranks = {name: exported[name] for name in node.output if exported.get(name) is not None}
+        inference.exported_ranks.update(ranks)
         if operator not in inference.aten_op_dispatcher_:
             inference.aten_op_dispatcher_[operator] = functools.partial(inference._infer_lightning_ort, _unknown)
     complete = False

@@ -121,8 +121,9 @@ template <bool kInput, bool kWeight, bool kBias>
 Grads group_norm_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean,
                                const at::Tensor& rstd, const c10::optional<at::Tensor>& weight, int64_t n, int64_t c,
                                int64_t hxw, int64_t group) {
+  // torch's channels-last kernel writes the input's gradient even when not asked for (SIGSEGV): always ask
   auto [grad_input, grad_weight, grad_bias] = only_needed<kInput, kWeight, kBias>(at::native_group_norm_backward(
-      nchw_view(grad), nchw_view(input), mean, rstd, weight, n, c, hxw, group, {kInput, kWeight, kBias}));
+      nchw_view(grad), nchw_view(input), mean, rstd, weight, n, c, hxw, group, {true, kWeight, kBias}));
   return {nhwc(grad_input), grad_weight, grad_bias};
 }
 
@@ -162,12 +163,6 @@ at::Tensor upsample_bilinear2d_nhwc_backward(const at::Tensor& grad, const at::T
 
 #define POOL "int[] kernel_size, int[] stride, int[] padding"
 #define AVG_POOL POOL ", bool ceil_mode, bool count_include_pad, int? divisor_override"
-
-#define GROUP_NORM \
-  "(Tensor input, Tensor? weight, Tensor? bias, int n, int c, int hxw, int group, float eps) -> (Tensor, Tensor, Tensor)"
-#define GROUP_NORM_BACKWARD                                                                                  \
-  "(Tensor grad, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, int n, int c, int hxw, int group) " \
-  "-> (Tensor, Tensor, Tensor)"
 
 #define DEFINE_NHWC_OVERLOAD(overload, input, weight, bias)                                                   \
   m.def("convolution_nhwc" overload CONVOLUTION, &convolution_nhwc);                                         \

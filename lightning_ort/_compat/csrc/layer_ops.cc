@@ -1,7 +1,7 @@
 // Layers ORT 1.19.2 cannot train (layers.py): PReLU, InstanceNorm, GroupNorm and BatchNorm without
 // running statistics or affine parameters, and EmbeddingBag on torch's kernels, with eager
-// autograd's own gradients (autograd_vjp.h). PReLU and the affine normalizations have one overload per set of gradients a
-// node needs (gradient_overloads.py).
+// autograd's own gradients (autograd_vjp.h). PReLU and the affine normalizations have one overload
+// per set of gradients a node needs (gradient_overloads.py).
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -66,7 +66,26 @@ Grads norm_affine_backward(const at::Tensor& grad, const at::Tensor& input, cons
   return {grads[0], grads[1], grads[2]};
 }
 
-// GroupNorm without affine parameters (ORT's own export, for affine ones, runs native_group_norm)
+// GroupNorm with affine parameters, as torch's native_group_norm (the form channels_last.py rewrites):
+// ORT's gradient of native_group_norm failed where the input needs no gradient (a first layer, a
+// frozen stem). torch's channels-last kernel writes the input's gradient even when not asked for
+// (SIGSEGV), so it is always asked for.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_affine(const at::Tensor& input,
+                                                                 const c10::optional<at::Tensor>& weight,
+                                                                 const c10::optional<at::Tensor>& bias, int64_t n,
+                                                                 int64_t c, int64_t hxw, int64_t group, double eps) {
+  return at::native_group_norm(input, weight, bias, n, c, hxw, group, eps);
+}
+
+template <bool kInput, bool kWeight, bool kBias>
+Grads group_norm_affine_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean,
+                                 const at::Tensor& rstd, const c10::optional<at::Tensor>& weight, int64_t n,
+                                 int64_t c, int64_t hxw, int64_t group) {
+  return lightning_ort::only_needed<kInput, kWeight, kBias>(
+      at::native_group_norm_backward(grad, input, mean, rstd, weight, n, c, hxw, group, {true, kWeight, kBias}));
+}
+
+// GroupNorm without affine parameters
 at::Tensor group_norm(const at::Tensor& input, int64_t groups, double eps) {
   return at::group_norm(input, groups, {}, {}, eps, /*cudnn_enabled=*/false);
 }
@@ -108,7 +127,10 @@ at::Tensor embedding_bag_backward(const at::Tensor& grad, const at::Tensor& weig
         &norm_affine_backward<instance_norm_of, input, weight, bias>);                                              \
   m.def("batch_statistics_norm_affine" overload NORM_AFFINE, &norm_affine<batch_statistics_norm_of>);               \
   m.def("batch_statistics_norm_affine_backward" overload NORM_AFFINE_BACKWARD,                                      \
-        &norm_affine_backward<batch_statistics_norm_of, input, weight, bias>);
+        &norm_affine_backward<batch_statistics_norm_of, input, weight, bias>);                                     \
+  m.def("group_norm_affine" overload GROUP_NORM, &group_norm_affine);                                               \
+  m.def("group_norm_affine_backward" overload GROUP_NORM_BACKWARD,                                                  \
+        &group_norm_affine_backward<input, weight, bias>);
 #define EMBEDDING_BAG_ARGUMENTS \
   "Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq, int mode, bool include_last_offset, " \
   "int padding_idx"

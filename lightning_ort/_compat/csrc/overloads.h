@@ -45,3 +45,8 @@ Grads only_needed(Grads grads) {
 #define BATCH_NORM_BACKWARD                                                                   \
   "(Tensor grad, Tensor input, Tensor weight, Tensor running_mean, Tensor running_var, "        \
   "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)"
+#define GROUP_NORM \
+  "(Tensor input, Tensor? weight, Tensor? bias, int n, int c, int hxw, int group, float eps) -> (Tensor, Tensor, Tensor)"
+#define GROUP_NORM_BACKWARD                                                                                  \
+  "(Tensor grad, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, int n, int c, int hxw, int group) " \
+  "-> (Tensor, Tensor, Tensor)"
