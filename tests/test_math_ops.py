@@ -59,6 +59,10 @@ def _ties(h: torch.Tensor, reduce: Callable[..., torch.Tensor]) -> torch.Tensor:
     return reduce(torch.stack([h, h.detach()], -1), -1)
 
 
+def _normalized(h: torch.Tensor) -> torch.Tensor:
+    return (h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + 1e-6)
+
+
 REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "norm": lambda h: h / (1 + h.norm(dim=-1)).unsqueeze(-1),
     "norm-keepdim": lambda h: h / (1 + h.norm(dim=-1, keepdim=True)),
@@ -76,6 +80,11 @@ REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "amax-ties": lambda h: _ties(h, torch.amax),
     "amin-ties": lambda h: _ties(h, torch.amin),
     "amin-full": lambda h: h - h.amin(),
+    # the Annotated Transformer's LayerNorm over rows that are constant (std 0): ORT's gradient was NaN
+    "std-of-constant-rows": lambda h: _normalized(h * (h[..., :1] > 0)),
+    "std-biased": lambda h: h / (1 + h.std(1, unbiased=False, keepdim=True)),
+    "std-correction": lambda h: h / (1 + torch.std(h, dim=(0, 2), correction=0)).unsqueeze(-1),
+    "std-full": lambda h: h / (1 + h.std()),
 }
 
 

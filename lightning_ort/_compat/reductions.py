@@ -10,6 +10,10 @@ norm is, a product's is exact with zero factors, and amax/amin split it evenly a
 whatever ``op_rewrites`` says. A norm with an explicit ``dtype`` keeps torch's export. torch 2.13
 cannot export ``nansum`` and ``nanmean`` (a loss over targets with missing values); they run the same
 way.
+
+Silently wrong before: ``x.std(dim)`` was exported as the square root of the variance, whose gradient
+is NaN where the deviation is 0 (a constant row: the Annotated Transformer's hand-written LayerNorm
+of a padding token's zero embedding); eager's is 0 there. It runs torch's ``std`` the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from lightning_ort._compat.torch_kernels import ATEN, constant
 
 _VECTOR_NORM = "lightning_ort::vector_norm"
 _PROD = "lightning_ort::prod"
+_STD = "lightning_ort::std"
 
 
 def _dims(dim: Any) -> list[int] | None:
@@ -123,6 +128,23 @@ def _nan_reduction(operator: str) -> Any:
     return symbolic
 
 
+def _standard_deviation(g: Any, input: Any, *args: Any) -> Any:
+    """``std(x, unbiased)``, ``std(x, dim, unbiased, keepdim)`` or ``std(x, dim, correction=, keepdim=)``."""
+    dim, correction, keepdim = (None, args[0], None) if len(args) == 1 else args
+    dims = _dims(dim)
+    keep = (
+        False
+        if keepdim is None or symbolic_helper._is_none(keepdim)
+        else symbolic_helper._maybe_get_const(keepdim, "b")
+    )
+    fixed = 1.0 if correction is None or symbolic_helper._is_none(correction) else correction
+    fixed = symbolic_helper._maybe_get_const(fixed, "f")  # unbiased (a bool) counts as 1 or 0
+    if dims is None or symbolic_helper._is_value(keep) or symbolic_helper._is_value(fixed):
+        return symbolic_opset9.std(g, input, *args)
+    arguments = [constant(g, dims, torch.int64), constant(g, float(fixed), torch.float32), constant(g, bool(keep))]
+    return _reduced(g, _STD, input, arguments, dims, bool(keep))
+
+
 def register() -> None:
     """Register the symbolics and gradients with ORT's registries (process-wide)."""
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
@@ -133,6 +155,8 @@ def register() -> None:
     for operator in ("amax", "amin"):
         CustomOpSymbolicRegistry.register(operator, "", _extremum(operator))
         register_simple_gradient(operator, f"lightning_ort::{operator}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"])
+    CustomOpSymbolicRegistry.register("std", "", _standard_deviation)
+    register_simple_gradient(_STD, f"{_STD}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"])
     for operator in ("nansum", "nanmean"):
         CustomOpSymbolicRegistry.register(operator, "", _nan_reduction(operator))
         inputs = ["GO(0)", "I(0)", "I(1)", "I(2)"]

@@ -1,5 +1,5 @@
 // Reductions ORT 1.19.2 cannot differentiate or torch cannot export (reductions.py): vector norms,
-// prod, amax, amin, nansum and nanmean on torch's kernels, with eager autograd's own gradients (autograd_vjp.h): norms masked where they
+// prod, amax, amin, nansum, nanmean and std on torch's kernels, with eager autograd's own gradients (autograd_vjp.h): norms masked where they
 // are 0, prod exact with zeros among the factors, amax/amin split evenly among ties.
 
 #include <ATen/ATen.h>
@@ -67,6 +67,21 @@ at::Tensor nan_reduction_backward(const at::Tensor& grad, const at::Tensor& self
   return vjp(forward, {self}, {true}, grad)[0];
 }
 
+// std: eager's gradient is 0 where the deviation is (a constant row); ORT's of Sqrt(var) was NaN there
+at::Tensor standard_deviation(const at::Tensor& self, at::IntArrayRef dim, double correction, bool keepdim) {
+  return at::std(self, dim.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dim), at::Scalar(correction),
+                 keepdim);
+}
+
+at::Tensor standard_deviation_backward(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef dim,
+                                       double correction, bool keepdim) {
+  std::vector<int64_t> dims(dim.begin(), dim.end());
+  auto forward = [&](const std::vector<at::Tensor>& inputs) {
+    return standard_deviation(inputs[0], dims, correction, keepdim);
+  };
+  return vjp(forward, {self}, {true}, grad)[0];
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
@@ -82,5 +97,8 @@ TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   m.def("nanmean(Tensor self, int[] dim, bool keepdim) -> Tensor", &nanmean);
   m.def("nanmean_backward(Tensor grad, Tensor self, int[] dim, bool keepdim) -> Tensor",
         &nan_reduction_backward<&nanmean>);
+  m.def("std(Tensor self, int[] dim, float correction, bool keepdim) -> Tensor", &standard_deviation);
+  m.def("std_backward(Tensor grad, Tensor self, int[] dim, float correction, bool keepdim) -> Tensor",
+        &standard_deviation_backward);
   m.def("amin_backward(Tensor grad, Tensor self, int[] dim, bool keepdim) -> Tensor", &amin_backward);
 }
