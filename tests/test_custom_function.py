@@ -15,7 +15,7 @@ import torch
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both
 from models import MLP, mlp_loader
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from lightning_ort import ORTSetupError, ORTStrategy, _compat
 from lightning_ort._compat import custom_function, extensions
@@ -329,6 +329,32 @@ def test_non_reentrant_checkpoint_trains_in_ort(support_on: None) -> None:
     eager, ort = fit_both(lambda: CheckpointMLP(reentrant=False), mlp_loader, 4)
     assert_ort_ran(ort, min_calls=4)
     assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class CheckpointedBatchNorm(MLP):
+    """``checkpoint_sequential`` over layers with a BatchNorm (in training mode unless ``frozen_norm``): the
+    first of two segments, which holds the BatchNorm, is checkpointed."""
+
+    def __init__(self, frozen_norm: bool) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16))
+        self.frozen_norm = frozen_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.frozen_norm:
+            self.blocks[1].eval()
+        return self.head(self.body(checkpoint_sequential(self.blocks, 2, x, use_reentrant=False)))
+
+
+def test_running_statistics_in_a_non_reentrant_checkpoint_fall_back(support_on: None) -> None:
+    """Eager updates them twice per step (again when recomputing in backward), ORT's graph once."""
+    eager, ort = fit_both(lambda: CheckpointedBatchNorm(frozen_norm=False), mlp_loader, 4)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "blocks.1 update running statistics inside" in report.fallback_reason
+    assert_states_match(eager, ort)  # running statistics and num_batches_tracked (8) included
+    eager, ort = fit_both(lambda: CheckpointedBatchNorm(frozen_norm=True), mlp_loader, 4)
+    assert_ort_ran(ort, min_calls=4)
     assert_states_match(eager, ort)
 
 

@@ -21,6 +21,7 @@ from torch.onnx import TrainingMode
 from lightning_ort._compat import python_random, python_reads, trace_checks
 from lightning_ort._compat.assert_statements import in_assert_condition
 from lightning_ort._compat.batchnorm import record_calls_per_forward
+from lightning_ort._compat.checkpoint_regions import checkpointed_running_statistics
 from lightning_ort._compat.python_state import PythonState
 from lightning_ort._compat.traced_calls import ORT_DIR, computed_from_inputs, traced_calls
 from lightning_ort._compat.value_traces import exporting, value_trace
@@ -480,6 +481,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         no_grad_regions = stack.enter_context(_record_grad_disabling())
         stored_tensors = stack.enter_context(_record_stored_tensors(module, state))
         draws = stack.enter_context(python_random.random_draws(_user_frame))
+        checkpointed_norms = stack.enter_context(checkpointed_running_statistics(module))
         try:
             yield
         except Exception as error:
@@ -506,6 +508,13 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
             f"its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at {no_grad_regions[0]}); "
             "ORT's graph would compute gradients through that region. Fix: compute it outside forward, "
             "or use .detach() on its result, which ORT respects"
+        )
+    if checkpointed_norms:
+        raise ORTUnsupportedModelError(
+            f"normalization layer(s) {', '.join(checkpointed_norms)} update running statistics inside "
+            "torch.utils.checkpoint(use_reentrant=False); eager PyTorch updates them twice per step (again when it "
+            "recomputes the checkpointed function in backward), ORT's graph once. Fix: keep BatchNorm out of the "
+            "checkpointed function, or keep that module out of ORT with ORTStrategy(modules=[...])"
         )
     if draws:
         raise ORTUnsupportedModelError(
