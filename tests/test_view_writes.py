@@ -131,3 +131,32 @@ def test_changes_through_other_views_fall_back_with_the_fix(function: Callable[[
     assert reason is not None and "changes a view in place at" in reason and "torch.diag_embed" in reason, reason
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+def _linear_output_incremented(h: torch.Tensor) -> torch.Tensor:
+    h += torch.linspace(-1, 1, 8)  # CaiT's x += pos_embedding
+    return h
+
+
+def _linear_output_scaled(h: torch.Tensor) -> torch.Tensor:
+    return h.mul_(0.5)  # timm's LayerScale(inplace=True)
+
+
+def _linear_output_activated(h: torch.Tensor) -> torch.Tensor:
+    return F.relu(h, inplace=True)
+
+
+# nn.Linear on a 3-D input returns a view of its own 2-D product, which nothing else holds: they fell back
+LINEAR_OUTPUT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "augmented-assignment": _linear_output_incremented,
+    "mul_": _linear_output_scaled,
+    "relu-inplace": _linear_output_activated,
+}
+
+
+@pytest.mark.parametrize("function", LINEAR_OUTPUT.values(), ids=LINEAR_OUTPUT.keys())
+def test_changes_of_a_linear_output_train_like_eager(function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    eager, ort = fit_both(lambda: Between(function), sequences, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

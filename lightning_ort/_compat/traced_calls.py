@@ -325,7 +325,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         numbers = _varying_numbers(func, args, kwargs) if tracing and not sized else []  # pooling: its own reason
         recorded = len(self.records)
-        view_change = tracing and changes_a_view(func, args, kwargs)
+        view_change = tracing and changes_a_view(func, args, kwargs) and self.views.of_held_tensor(args[0])
         if view_change and self.views.writable(args[0]):
             result = self.views.change(func, args, kwargs)
         else:

@@ -61,17 +61,34 @@ def _inplace_position(func: Any) -> int | None:
     return names.index("inplace") if "inplace" in names else None
 
 
+def _base_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor._base if tensor._base is not None else tensor
+
+
 class ViewWrites:
     """The views indexing made during one export (:meth:`record`), and their in-place changes (:meth:`change`)."""
 
     def __init__(self) -> None:
         # id of a view -> the view (kept alive, so that the id stays its own), the viewed tensor, the index
         self._views: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+        # id of a view of a tensor the forward holds -> the view (kept alive)
+        self._held_views: dict[int, torch.Tensor] = {}
 
     def record(self, func: Any, args: tuple[Any, ...], result: Any) -> None:
-        """Note ``result`` if indexing (``h[:, :4]``, ``h[..., 0]``) made it as a view of ``args[0]``."""
+        """Note ``result`` if indexing (``h[:, :4]``, ``h[..., 0]``) made it as a view of ``args[0]``, and every
+        view a call made of one of its arguments (``h.transpose(1, 2)``, ``h.chunk(2)``)."""
         if getattr(func, "__name__", None) == "__getitem__" and isinstance(result, torch.Tensor) and result._is_view():
             self._views[id(result)] = (result, args[0], args[1])
+        results = result if isinstance(result, tuple | list) else (result,)
+        bases = {id(_base_of(arg)) for arg in args if isinstance(arg, torch.Tensor)}
+        for part in results:
+            if isinstance(part, torch.Tensor) and part._is_view() and id(_base_of(part)) in bases:
+                self._held_views[id(part)] = part
+
+    def of_held_tensor(self, view: torch.Tensor) -> bool:
+        """Whether ``view`` views a tensor the forward holds. ``nn.Linear`` on a 3-D input returns a view of
+        its own 2-D product, which nothing else holds: a change of it in place loses nothing."""
+        return id(view) in self._held_views or id(view) in self._views
 
     def writable(self, view: torch.Tensor) -> bool:
         """Whether ``view`` comes, through indexing only, from a tensor that is no view."""
