@@ -45,6 +45,13 @@ def _two_indices(h: torch.Tensor) -> torch.Tensor:
     return rows.index_put((INDEX, columns), torch.tanh(rows[:, 0]), accumulate=True).T.unsqueeze(1)
 
 
+def _masked(h: torch.Tensor, value: torch.Tensor | float) -> torch.Tensor:
+    """wav2vec2's ``hidden_states[~attention_mask] = 0`` / ``[mask_time_indices] = masked_spec_embed``."""
+    h = h * 1
+    h[h.detach().sum(-1) > 0] = value
+    return h
+
+
 FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "index-add-last-dim": lambda h: torch.zeros_like(h).index_add(-1, INDEX, torch.tanh(h)),
     "index-add-alpha": lambda h: h.index_add(2, INDEX, torch.tanh(h), alpha=0.5),
@@ -68,6 +75,10 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "roll-flattened": lambda h: h.roll(7) * h,
     "repeat-interleave-zero": lambda h: h.repeat_interleave(REPEATS, dim=-1) * h,
     "repeat-interleave-flat": lambda h: h * h[:1, 0].repeat_interleave(REPEATS),
+    # a boolean mask over the leading dimensions: torch's export broadcast it from the right (fell back)
+    "masked-assignment-number": lambda h: _masked(h, 0.0),
+    "masked-assignment-row": lambda h: _masked(h, h[0, 0].detach() * 0 + torch.linspace(-1, 1, 8)),
+    "masked-assignment-learnt-row": lambda h: _masked(h, torch.tanh(h[0, 0])),
 }
 
 

@@ -1,15 +1,16 @@
-"""nn.RMSNorm and cumsum train in ORT like eager (onnx_gradients.py), as do norms without weights over sizes
-read from the input (``F.rms_norm(x, x.shape[-1:])``), which fell back."""
+"""nn.RMSNorm, cumsum and torch.where with broadcast operands train in ORT like eager (onnx_gradients.py), as
+do norms without weights over sizes read from the input (``F.rms_norm(x, x.shape[-1:])``), which fell back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
-from models import Base, sequence_batches
+from models import Base, Between, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -76,5 +77,22 @@ class NormOverReadSizes(nn.Module):
 def test_rms_norm_and_cumsum_train_in_ort_like_eager(make_norm: Any) -> None:
     eager, ort = fit_both(lambda: LlamaBlock(make_norm()), sequences, 4)
     assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+WHERE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    # ORT's gradient of Where did not sum a broadcast operand back: silently wrong
+    "computed-row": lambda h: torch.where(h.detach() > 0, h, torch.tanh(h[0, 0])),
+    "computed-row-first": lambda h: torch.where(h.detach() > 0, torch.tanh(h[:1, :1]), h),
+    "mask-over-positions": lambda h: torch.where(h.detach().sum(-1, keepdim=True) > 0, h.mean(1, keepdim=True), h),
+    "number": lambda h: torch.where(h.detach() > 0, h, 0.5),
+}
+
+
+@pytest.mark.parametrize("function", WHERE.values(), ids=WHERE.keys())
+def test_where_with_broadcast_operands_trains_like_eager(function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    eager, ort = fit_both(lambda: Between(function), lambda: sequence_batches([(4, 6), (2, 9), (3, 1)], 8), 3)
+    assert_ort_ran(ort, 3)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

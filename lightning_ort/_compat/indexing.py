@@ -28,6 +28,9 @@
 - ``repeat_interleave`` with a tensor of repeats: torch's export reshapes per repeat and ORT's
   gradient fails when one of them is 0. The input is gathered at the positions torch's
   ``repeat_interleave(repeats)`` gives (an ATen node); ``Gather``'s gradient sums the copies back.
+- ``h[mask] = v`` with a boolean mask over fewer dimensions than ``h`` (wav2vec2's
+  ``hidden_states[~attention_mask] = 0``): torch's export broadcasts the mask from the right
+  (``masked_fill``) and the module fell back; it is ``Where`` with the mask given trailing dimensions.
 - ``torch.diff`` and ``torch.take_along_dim``: torch 2.13 cannot export them, and models using them
   fell back to PyTorch. They run torch's kernels (``csrc/indexing_ops.cc``, eager autograd as their
   gradients); ``diff``'s ``prepend`` and ``append`` are concatenated in the graph.
@@ -49,6 +52,7 @@ from torch.onnx._internal.torchscript_exporter import (
 )
 
 from lightning_ort._compat.gradient_overloads import GRAD_DOMAIN, aten_node, register_simple_gradient
+from lightning_ort._compat.onnx_gradients import full_where
 from lightning_ort._compat.torch_kernels import ATEN, _none, aten_like, constant
 
 # ATen operators here whose output has the input's shape (shape_inference.py)
@@ -88,9 +92,10 @@ def _index_add(g: Any, self: Any, dim: Any, index: Any, source: Any, alpha: Any 
 
 
 def _index_put(g: Any, self: Any, indices_list: Any, values: Any, accumulate: Any = False) -> Any:
-    if symbolic_helper._maybe_get_const(accumulate, "b") is False:
-        return symbolic_opset11.index_put(g, self, indices_list, values, accumulate)
     indices = symbolic_helper._unpack_list(indices_list) if symbolic_helper._is_packed_list(indices_list) else []
+    if symbolic_helper._maybe_get_const(accumulate, "b") is False:
+        masked = _masked_assignment(g, self, indices, values)
+        return masked if masked is not None else symbolic_opset11.index_put(g, self, indices_list, values, accumulate)
     index = indices[0] if len(indices) == 1 else None
     if (
         index is None
@@ -112,6 +117,24 @@ def _index_put(g: Any, self: Any, indices_list: Any, values: Any, accumulate: An
     values = g.op("Expand", values, shape)
     values.setType(self.type().with_sizes([None] * symbolic_helper._get_tensor_rank(self)))
     return _index_add(g, self, constant(g, 0, torch.int64), index, values)
+
+
+def _masked_assignment(g: Any, self: Any, indices: list[Any], values: Any) -> Any:
+    """``h[mask] = v`` with a boolean mask over h's leading dimensions and values that broadcast over the
+    others (wav2vec2's ``hidden_states[~attention_mask] = 0``, ``x[mask] = self.mask_token``) as ``Where``
+    with the mask given trailing dimensions; None for other forms."""
+    if len(indices) != 1 or not symbolic_helper._is_bool(indices[0]):
+        return None
+    ranks = [symbolic_helper._get_tensor_rank(value) for value in (self, indices[0], values)]
+    if None in ranks or not ranks[1] < ranks[0] or ranks[2] > ranks[0] - ranks[1]:
+        return None
+    mask = symbolic_helper._unsqueeze_helper(g, indices[0], list(range(ranks[1], ranks[0])))
+    self_type = _type_utils.JitScalarType.from_value(self, _type_utils.JitScalarType.UNDEFINED)
+    if self_type == _type_utils.JitScalarType.UNDEFINED:
+        return None
+    output = full_where(g, mask, g.op("Cast", values, to_i=self_type.onnx_type()), self)
+    output.setType(self.type())
+    return output
 
 
 @symbolic_helper.parse_args("v", "i", "v", "v")
