@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from lightning_ort._compat import python_random, python_reads, trace_checks
 from lightning_ort._compat.assert_statements import in_assert_condition
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.checkpoint_regions import checkpointed_running_statistics
+from lightning_ort._compat.grad_regions import GradRegions
 from lightning_ort._compat.python_state import PythonState
 from lightning_ort._compat.traced_calls import ORT_DIR, computed_from_inputs, traced_calls
 from lightning_ort._compat.value_traces import exporting, value_trace
@@ -250,13 +252,11 @@ _TRACED_CALLS_FILE = sys.modules[traced_calls.__module__].__file__
 
 
 @contextlib.contextmanager
-def _record_grad_disabling() -> Iterator[list[str]]:
-    """Where the traced forward turns gradients off (``torch.no_grad()``, ``set_grad_enabled(False)``).
-
-    The trace keeps no trace of grad mode, so ORT would compute gradients through such regions.
-    """
-    seen: list[str] = []
+def _record_grad_disabling(regions: GradRegions) -> Iterator[GradRegions]:
+    """Where the traced forward turns gradients off: ``torch.no_grad()`` regions are told to ``regions`` as
+    they open and close; any other way (``set_grad_enabled(False)``, ``inference_mode``) is unsafe at once."""
     original = torch._C._set_grad_enabled
+    enter, leave = torch.no_grad.__enter__, torch.no_grad.__exit__
 
     def _set_grad_enabled(mode: bool) -> None:
         caller = sys._getframe(1)
@@ -265,17 +265,44 @@ def _record_grad_disabling() -> Iterator[list[str]]:
             caller = caller.f_back
         # the export traces with gradients off: leaving a `with torch.enable_grad():` turns them off again
         restoring = caller.f_code.co_name == "__exit__" and caller.f_code.co_filename == _GRAD_MODE_FILE
-        if not mode and not restoring and torch.jit.is_tracing():
+        if not mode and not restoring and torch.jit.is_tracing() and not _in_no_grad(caller):
             location = _user_frame()
-            if location is not None and location not in seen:
-                seen.append(location)
+            if location is not None and location not in regions.unsafe:
+                regions.unsafe.append(location)
         original(mode)
 
+    def no_grad_enter(self: torch.no_grad) -> None:
+        if torch.jit.is_tracing():
+            regions.enter(_user_frame())
+        enter(self)
+
+    def no_grad_exit(self: torch.no_grad, *args: Any) -> None:
+        try:
+            leave(self, *args)
+        finally:
+            if torch.jit.is_tracing():
+                regions.leave()
+
     torch._C._set_grad_enabled = _set_grad_enabled
+    torch.no_grad.__enter__ = no_grad_enter  # type: ignore[method-assign]
+    torch.no_grad.__exit__ = no_grad_exit  # type: ignore[method-assign]
     try:
-        yield seen
+        yield regions
     finally:
         torch._C._set_grad_enabled = original
+        torch.no_grad.__enter__ = enter  # type: ignore[method-assign]
+        torch.no_grad.__exit__ = leave  # type: ignore[method-assign]
+
+
+def _in_no_grad(frame: types.FrameType | None) -> bool:
+    """Whether ``frame`` or one of its callers (a few up) is ``torch.no_grad``'s own ``__enter__``/``__exit__``."""
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in ("__enter__", "__exit__") and isinstance(frame.f_locals.get("self"), torch.no_grad):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _computed_from_inputs(tensor: torch.Tensor) -> bool:
@@ -478,7 +505,8 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
         functions = stack.enter_context(_record_autograd_functions())
-        no_grad_regions = stack.enter_context(_record_grad_disabling())
+        grad_regions = stack.enter_context(_record_grad_disabling(GradRegions(module, inputs)))
+        calls.grad_regions = grad_regions
         stored_tensors = stack.enter_context(_record_stored_tensors(module, state))
         draws = stack.enter_context(python_random.random_draws(_user_frame))
         checkpointed_norms = stack.enter_context(checkpointed_running_statistics(module))
@@ -503,11 +531,12 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
     problem = _functions_problem(functions, exported)
     if problem is not None:
         raise ORTUnsupportedModelError(problem)
-    if no_grad_regions:
+    if grad_regions.unsafe:
         raise ORTUnsupportedModelError(
-            f"its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at {no_grad_regions[0]}); "
-            "ORT's graph would compute gradients through that region. Fix: compute it outside forward, "
-            "or use .detach() on its result, which ORT respects"
+            f"its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at "
+            f"{grad_regions.unsafe[0]}) around a computation from parameters or inputs that need gradients; ORT's "
+            "graph would compute gradients through that region. Fix: compute it outside forward, or use .detach() "
+            "on its result, which ORT respects"
         )
     if checkpointed_norms:
         raise ORTUnsupportedModelError(

@@ -54,6 +54,7 @@ import torch
 from torch.utils import _pytree
 
 from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
+from lightning_ort._compat.grad_regions import GradRegions
 from lightning_ort._compat.value_traces import value_trace
 from lightning_ort._compat.view_writes import VIEW_CHANGE, ViewWrites, changes_a_view
 
@@ -156,6 +157,11 @@ def _ancestors(values: list[torch._C.Value]) -> Iterator[torch._C.Value]:
             if operand.unique() not in seen:
                 seen.add(operand.unique())
                 pending.append(operand)
+
+
+def graph_inputs_of(value: torch._C.Value) -> Iterator[torch._C.Value]:
+    """The graph's inputs (the batch, parameters, buffers) the open trace computes ``value`` from."""
+    return (ancestor for ancestor in _ancestors([value]) if ancestor.node().kind() == "prim::Param")
 
 
 def computed_from_inputs(value: torch._C.Value) -> bool:
@@ -305,6 +311,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         self.unsupported: list[str] = []
         self._splits: list[tuple[str, tuple[torch.Tensor, ...]]] = []
         self.views = ViewWrites()
+        self.grad_regions: GradRegions | None = None  # set by the export guard
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -324,6 +331,8 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
                 _note(self.unsupported, f"its forward reads Tensor.requires_grad at {location}{_REQUIRES_GRAD_READ}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         numbers = _varying_numbers(func, args, kwargs) if tracing and not sized else []  # pooling: its own reason
+        if tracing and self.grad_regions is not None:
+            self.grad_regions.check(args, kwargs)
         recorded = len(self.records)
         view_change = tracing and changes_a_view(func, args, kwargs) and self.views.of_held_tensor(args[0])
         if view_change and self.views.writable(args[0]):
