@@ -370,6 +370,7 @@ def install() -> None:
         special_functions,
         split_gradients,
         unbind,
+        unflatten,
         upsample,
     )
 
@@ -391,6 +392,7 @@ def install() -> None:
     rnn.register()
     rnn_dropout.register()
     chunks.register()
+    unflatten.register()
     einsum.register()
     onnx_gradients.register()
     channels_last.register_gradients()
