@@ -405,3 +405,21 @@ def test_graph_without_convolutions_is_left_as_it_is() -> None:
 def test_channels_last_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"ORTStrategy\(channels_last='yes'\) must be True or False"):
         lightning_ort.ORTStrategy(channels_last="yes")  # type: ignore[arg-type]
+
+
+def downsampling_shortcut() -> nn.Module:
+    """ResNet's downsampling shortcut: a 1x1 convolution with stride 2 whose input needs a gradient."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1, stride=2), nn.AdaptiveAvgPool2d(2)
+    )
+
+
+@pytest.mark.parametrize("size", [8, 12])
+def test_strided_pointwise_convolution_stays_in_the_standard_layout(size: int) -> None:
+    """torch's channels-last backward of it corrupted the heap on even image sizes (SIGSEGV, or glibc's
+    "corrupted size vs. prev_size" when the process ended)."""
+    eager, ort, recorder = _fit(downsampling_shortcut, torch.contiguous_format, lambda: image_loader((size,)))
+    assert_losses_match(eager, ort, rtol=1e-6)
+    assert_states_match(eager, ort, atol=1e-6, rtol=1e-5)
+    assert recorder.operators["lightning_ort::convolution_bias_nhwc"] == 1
+    assert recorder.operators["lightning_ort::convolution_bias"] == 1

@@ -21,8 +21,10 @@ Results equal eager's up to float rounding: the channels-last kernels sum in ano
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import onnx
+import onnx.numpy_helper
 
 from lightning_ort._compat import activations
 from lightning_ort._compat.batchnorm import register_batch_norm_gradient
@@ -81,6 +83,15 @@ class _Rewrite:
             self.types[info.name] = info.type
         for initializer in graph.initializer:
             self.types[initializer.name] = onnx.helper.make_tensor_type_proto(initializer.data_type, initializer.dims)
+        # values of the graph's constants (a convolution's stride)
+        self.constants: dict[str, list[Any]] = {
+            initializer.name: onnx.numpy_helper.to_array(initializer).reshape(-1).tolist()
+            for initializer in graph.initializer
+            if len(initializer.dims) <= 1
+        }
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+                self.constants[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t).reshape(-1).tolist()
         self.names = {name for node in graph.node for name in [*node.input, *node.output]} | set(self.types)
         self.nhwc: dict[str, str] = {}  # a tensor's name -> the name of its (N, H, W, C) form
         self.renamed: set[str] = set()  # outputs that now come out in (N, H, W, C) under another name
@@ -140,7 +151,24 @@ class _Rewrite:
     def nhwc_form(self, node: onnx.NodeProto) -> tuple[str, tuple[int, ...]] | None:
         """The channels-last form of ``node`` if it is a 2-D layer this pass converts."""
         form = _nhwc_form(node)
-        return form if form is not None and self._rank(node.input[0]) == 4 else None
+        if form is None or self._rank(node.input[0]) != 4 or self._strided_pointwise(node):
+            return None
+        return form
+
+    def _strided_pointwise(self, node: onnx.NodeProto) -> bool:
+        """A 1x1 convolution with a stride (ResNet's downsampling shortcut): torch's channels-last backward
+        corrupted the heap for it (SIGSEGV or glibc's "corrupted size vs. prev_size" on even image sizes),
+        so it stays in the standard layout."""
+        operator = aten_operator(node)
+        if operator not in ("lightning_ort::convolution", "lightning_ort::convolution_bias"):
+            return False
+        position = 3 if operator.endswith("_bias") else 2
+        weight = self.types.get(node.input[1]) if len(node.input) > position else None
+        if weight is None or not weight.tensor_type.HasField("shape"):
+            return False
+        kernel = [dim.dim_value if dim.HasField("dim_value") else None for dim in weight.tensor_type.shape.dim[2:]]
+        stride = self.constants.get(node.input[position])
+        return kernel == [1, 1] and (stride is None or any(int(step) != 1 for step in stride))
 
     def _permutes_layout(self, node: onnx.NodeProto) -> bool:
         """Absorb a user's own permute between the layouts (ConvNeXt's ``x.permute(0, 2, 3, 1)`` around
