@@ -30,7 +30,13 @@ from typing import Any
 import onnx
 import sympy
 from onnx import helper
-from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_shape_from_sympy_shape, is_literal
+from onnxruntime.tools.symbolic_shape_infer import (
+    SymbolicShapeInference,
+    get_attribute,
+    get_shape_from_sympy_shape,
+    handle_negative_axis,
+    is_literal,
+)
 
 from lightning_ort._compat import activations, indexing, layers, math_ops, sampling, special_functions, upsample
 from lightning_ort._compat.gradient_overloads import aten_operator
@@ -214,6 +220,23 @@ class _RecordingInference(SymbolicShapeInference):  # type: ignore[misc]
             dims = [new if dim is None else dim for dim, new in zip(shape, fresh_dims, strict=True)]
             elem_type = tensor_type.elem_type or self.known_vi_[node.input[0]].type.tensor_type.elem_type
             info.CopyFrom(helper.make_tensor_value_info(name, elem_type, dims))
+
+    def _infer_Split(self, node: onnx.NodeProto) -> None:  # noqa: N802 (ORT's naming)
+        """ORT's inference casts split sizes to integers and raised on sizes it computed as expressions (a
+        chunk or split of a dimension of unknown size: ``Max(1, Min(4, d - 4))``); the inference then gave up
+        on the whole graph, and ORT failed to type the graph's ATen outputs (the module fell back). Such
+        parts get new symbols for the split dimension."""
+        try:
+            super()._infer_Split(node)
+        except TypeError:
+            shape = self._get_sympy_shape(node, 0)
+            axis = handle_negative_axis(get_attribute(node, "axis", 0), len(shape))
+            elem_type = self.known_vi_[node.input[0]].type.tensor_type.elem_type
+            for index, name in enumerate(node.output):
+                dims = list(shape)
+                dims[axis] = self._new_symbolic_dim_from_output(node, index, axis)
+                info = helper.make_tensor_value_info(name, elem_type, get_shape_from_sympy_shape(dims))
+                self.known_vi_[name].CopyFrom(info)
 
     def _infer_Mod(self, node: onnx.NodeProto) -> None:  # noqa: N802 (ORT's naming)
         """The value of a ``Mod`` of known integers (torch's ``unflatten`` export computes its
