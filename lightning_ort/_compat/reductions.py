@@ -104,26 +104,16 @@ def _prod(g: Any, self: Any, *arguments: Any) -> Any:
     return _reduced(g, _PROD, self, arguments, dims, bool(keep))
 
 
-def _extremum(operator: str) -> Any:
-    def symbolic(g: Any, self: Any, dim: Any, keepdim: Any) -> Any:
+def _over_dims(operator: str, node_operator: str) -> Any:
+    """``operator(x, dim, keepdim)`` (and a ``dtype``, which none here takes) as the ATen node ``node_operator``."""
+
+    def symbolic(g: Any, self: Any, dim: Any, keepdim: Any, dtype: Any = None) -> Any:
         dims = _dims(dim)
         keep = symbolic_helper._maybe_get_const(keepdim, "b")
-        if dims is None or symbolic_helper._is_value(keep):
-            symbolic_helper._onnx_unsupported(f"{operator} with dimensions that are not constant", self)
-        arguments = [constant(g, dims, torch.int64), constant(g, bool(keep), torch.bool)]
-        return _reduced(g, operator, self, arguments, dims, bool(keep))
-
-    return symbolic
-
-
-def _nan_reduction(operator: str) -> Any:
-    def symbolic(g: Any, self: Any, dim: Any, keepdim: Any, dtype: Any) -> Any:
-        dims = _dims(dim)
-        keep = symbolic_helper._maybe_get_const(keepdim, "b")
-        if dims is None or symbolic_helper._is_value(keep) or not symbolic_helper._is_none(dtype):
+        if dims is None or symbolic_helper._is_value(keep) or not (dtype is None or symbolic_helper._is_none(dtype)):
             symbolic_helper._onnx_unsupported(f"{operator} with dimensions that are not constant, or a dtype", self)
         arguments = [constant(g, dims, torch.int64), constant(g, bool(keep), torch.bool)]
-        return _reduced(g, f"lightning_ort::{operator}", self, arguments, dims, bool(keep))
+        return _reduced(g, node_operator, self, arguments, dims, bool(keep))
 
     return symbolic
 
@@ -153,12 +143,12 @@ def register() -> None:
     CustomOpSymbolicRegistry.register("linalg_norm", "", _linalg_norm)
     CustomOpSymbolicRegistry.register("prod", "", _prod)
     for operator in ("amax", "amin"):
-        CustomOpSymbolicRegistry.register(operator, "", _extremum(operator))
+        CustomOpSymbolicRegistry.register(operator, "", _over_dims(operator, operator))
         register_simple_gradient(operator, f"lightning_ort::{operator}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"])
     CustomOpSymbolicRegistry.register("std", "", _standard_deviation)
     register_simple_gradient(_STD, f"{_STD}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"])
     for operator in ("nansum", "nanmean"):
-        CustomOpSymbolicRegistry.register(operator, "", _nan_reduction(operator))
+        CustomOpSymbolicRegistry.register(operator, "", _over_dims(operator, f"lightning_ort::{operator}"))
         inputs = ["GO(0)", "I(0)", "I(1)", "I(2)"]
         register_simple_gradient(f"lightning_ort::{operator}", f"lightning_ort::{operator}_backward", inputs)
     inputs = ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"]

@@ -167,7 +167,7 @@ def graph_inputs_of(value: torch._C.Value) -> Iterator[torch._C.Value]:
 def computed_from_inputs(value: torch._C.Value) -> bool:
     """Whether the open trace computes ``value`` from the graph's inputs (the batch, parameters, buffers),
     not from constants alone."""
-    return any(ancestor.node().kind() == "prim::Param" for ancestor in _ancestors([value]))
+    return next(graph_inputs_of(value), None) is not None
 
 
 def _scalar_tensors(item: Any, found: list[torch.Tensor], depth: int = 0) -> None:
