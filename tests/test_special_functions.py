@@ -1,5 +1,6 @@
 """Functions torch cannot export or ORT cannot differentiate train in ORT like eager
-(special_functions.py; nansum / nanmean in reductions.py, diff / take_along_dim in indexing.py)."""
+(special_functions.py; nansum / nanmean / count_nonzero in reductions.py, diff / take_along_dim in
+indexing.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "frac": lambda h: torch.frac(3 * h),
     "deg2rad": torch.deg2rad,
     "i0": torch.i0,
+    "asinh": torch.asinh,
+    "acosh": lambda h: torch.acosh(_positive(h) + 1),
+    "atanh": lambda h: torch.atanh(0.9 * torch.tanh(h)),
+    # computed in float64, as eager does
+    "float-power": lambda h: torch.float_power(_positive(h), 1.5).float(),
+    "float-power-tensor-exponent": lambda h: torch.float_power(_positive(h), torch.sigmoid(h.flip(-1))).float(),
     "ndtr": torch.special.ndtr,
     "log-ndtr": torch.special.log_ndtr,
     "entr": lambda h: torch.special.entr(torch.sigmoid(h)),
@@ -61,6 +68,8 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "diff": lambda h: F.pad(torch.diff(h, dim=-1), (1, 0)),
     "diff-twice-over-length": lambda h: F.pad(torch.diff(h, n=2, dim=1), (0, 0, 2, 0)),
     "diff-prepend": lambda h: torch.diff(h, dim=-1, prepend=h[..., :1] * 0.5),
+    "count-nonzero": lambda h: h * torch.count_nonzero(h > 0, -1).unsqueeze(-1),
+    "count-nonzero-all": lambda h: h * torch.count_nonzero(F.relu(h)),
     "take-along-dim": lambda h: torch.take_along_dim(h, h.detach().argsort(-1), dim=-1),
     "beta-log-prob": lambda h: Beta(_positive(h), _positive(h.flip(-1))).log_prob(torch.full_like(h, 0.3)),
     "gamma-log-prob": lambda h: Gamma(_positive(h), _positive(h.flip(-1))).log_prob(torch.full_like(h, 0.7)),

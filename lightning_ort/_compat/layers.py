@@ -7,8 +7,8 @@
 - ``F.adaptive_max_pool1d/2d/3d``: torch exports them only when the sizes divide evenly, as
   ``MaxPool``, and not at all otherwise;
 - ``nn.EmbeddingBag``: exported as an ONNX ``Loop`` whose gradient ORT cannot build;
-- ``nn.GroupNorm(affine=False)``: exported as ``InstanceNormalization`` (ORT's own export handles
-  only the affine form);
+- ``nn.GroupNorm(affine=False)``, and ``F.group_norm`` with a weight but no bias: exported as
+  ``InstanceNormalization`` (ORT's own export handles only the affine form);
 - ``nn.GroupNorm`` whose input needs no gradient (a first layer, after a frozen stem): ORT's
   gradient of its ``native_group_norm`` failed ("Const_0 is not a valid intermediate output").
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9, symbolic_opset11
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9, symbolic_opset11
 
 from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
 from lightning_ort._compat.torch_kernels import ATEN, aten_like, constant
@@ -100,6 +100,18 @@ def _adaptive_max_pool(dims: int) -> Any:
     return symbolic
 
 
+def _filled_like(g: Any, value: Any, fill: float) -> Any:
+    """A tensor of ``value``'s shape and type holding ``fill``, needing no gradient.
+
+    ``F.group_norm`` with a weight but no bias is the affine form with zeros in its place (and the
+    reverse, which eager's backward cannot run, with ones): torch's kernel computes the same values.
+    """
+    scalar = _type_utils.JitScalarType.from_value(value, _type_utils.JitScalarType.FLOAT)
+    filled = g.op("ConstantOfShape", g.op("Shape", value), value_t=torch.tensor([fill], dtype=scalar.dtype()))
+    filled.setType(value.type())
+    return filled
+
+
 def _group_norm(ort_export: Any) -> Any:
     def symbolic(g: Any, input: Any, num_groups: Any, weight: Any, bias: Any, eps: Any, cudnn_enabled: Any) -> Any:
         groups = symbolic_helper._maybe_get_const(num_groups, "i")
@@ -109,8 +121,10 @@ def _group_norm(ort_export: Any) -> Any:
         if symbolic_helper._is_none(weight) and symbolic_helper._is_none(bias):
             arguments = (constant(g, int(groups), torch.int64), constant(g, float(epsilon), torch.float32))
             return aten_like(g, "lightning_ort::group_norm", input, *arguments)
-        if symbolic_helper._is_none(weight) or symbolic_helper._is_none(bias):
-            return ort_export(g, input, num_groups, weight, bias, eps, cudnn_enabled)
+        if symbolic_helper._is_none(weight):
+            weight = _filled_like(g, bias, 1.0)
+        elif symbolic_helper._is_none(bias):
+            bias = _filled_like(g, weight, 0.0)
         # ORT's arguments for native_group_norm, on lightning_ort's operator
         shape = g.op("Shape", input)
         batch, channels = (g.op("Gather", shape, constant(g, index, torch.int64), axis_i=0) for index in (0, 1))

@@ -9,7 +9,7 @@ with eager autograd's own gradients (``csrc/reduction_ops.cc``): a norm's gradie
 norm is, a product's is exact with zero factors, and amax/amin split it evenly among tied maxima,
 whatever ``op_rewrites`` says. A norm with an explicit ``dtype`` keeps torch's export. torch 2.13
 cannot export ``nansum`` and ``nanmean`` (a loss over targets with missing values); they run the same
-way.
+way. ``count_nonzero``, which torch cannot export either, is a sum of booleans (no gradient).
 
 Silently wrong before: ``x.std(dim)`` was exported as the square root of the variance, whose gradient
 is NaN where the deviation is 0 (a constant row: the Annotated Transformer's hand-written LayerNorm
@@ -118,6 +118,18 @@ def _over_dims(operator: str, node_operator: str) -> Any:
     return symbolic
 
 
+def _count_nonzero(g: Any, self: Any, dim: Any) -> Any:
+    """``count_nonzero(x, dim=None)``: a sum of the input cast to booleans (NaN counts, as in torch)."""
+    dims = _dims(dim)
+    if dims is None:
+        symbolic_helper._onnx_unsupported("count_nonzero with dimensions that are not constant", self)
+    counted = g.op("Cast", g.op("Cast", self, to_i=_type_utils.JitScalarType.BOOL.onnx_type()),
+                   to_i=_type_utils.JitScalarType.INT64.onnx_type())  # fmt: skip
+    if dims:
+        return g.op("ReduceSum", counted, constant(g, dims, torch.int64), keepdims_i=0)
+    return g.op("ReduceSum", counted, keepdims_i=0)
+
+
 def _standard_deviation(g: Any, input: Any, *args: Any) -> Any:
     """``std(x, unbiased)``, ``std(x, dim, unbiased, keepdim)`` or ``std(x, dim, correction=, keepdim=)``."""
     dim, correction, keepdim = (None, args[0], None) if len(args) == 1 else args
@@ -146,6 +158,7 @@ def register() -> None:
         CustomOpSymbolicRegistry.register(operator, "", _over_dims(operator, operator))
         register_simple_gradient(operator, f"lightning_ort::{operator}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)"])
     CustomOpSymbolicRegistry.register("std", "", _standard_deviation)
+    CustomOpSymbolicRegistry.register("count_nonzero", "", _count_nonzero)
     register_simple_gradient(_STD, f"{_STD}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"])
     for operator in ("nansum", "nanmean"):
         CustomOpSymbolicRegistry.register(operator, "", _over_dims(operator, f"lightning_ort::{operator}"))

@@ -1,15 +1,15 @@
 """Element-wise functions ORT could not train, on torch's kernels inside ORT's graph.
 
 torch 2.13 cannot export ``lgamma``, ``digamma``, ``polygamma``, ``mvlgamma``, ``erfinv``, ``erfc``,
-``exp2``, ``sinc``, ``frac``, ``deg2rad``, ``sgn``, ``i0`` and ``torch.special``'s ``ndtr``,
-``log_ndtr``, ``entr`` and kin, nor ``atan2``, ``hypot``, ``copysign``, ``xlogy``, ``xlog1py``,
-``logaddexp`` and ``logaddexp2``; ORT 1.19.2 has no gradient for the ONNX forms of ``fmod`` and
-``remainder``. Models using them fell back to PyTorch: among
-them every ``torch.distributions`` log-probability built on ``lgamma`` or ``xlogy`` (Beta, Gamma,
-Dirichlet, Poisson, StudentT). They are exported as ATen nodes running torch's kernels, with eager
-autograd itself as their gradients (``csrc/special_ops.cc``), so results equal eager's; a Python
-number among the operands (``torch.xlogy(2.0, t)``, ``x % 3``) becomes a constant of the result's
-type.
+``exp2``, ``sinc``, ``frac``, ``deg2rad``, ``sgn``, ``i0``, ``asinh``, ``acosh``, ``atanh`` and
+``torch.special``'s ``ndtr``, ``log_ndtr``, ``entr`` and kin, nor ``atan2``, ``hypot``,
+``copysign``, ``xlogy``, ``xlog1py``, ``logaddexp``, ``logaddexp2`` and ``float_power`` (computed in
+float64, as eager does); ORT 1.19.2 has no gradient for the ONNX forms of ``fmod`` and
+``remainder``. Models using them fell back to PyTorch: among them every ``torch.distributions``
+log-probability built on ``lgamma`` or ``xlogy`` (Beta, Gamma, Dirichlet, Poisson, StudentT). They
+are exported as ATen nodes running torch's kernels, with eager autograd itself as their gradients
+(``csrc/special_ops.cc``), so results equal eager's; a Python number among the operands
+(``torch.xlogy(2.0, t)``, ``x % 3``) becomes a constant of the result's type.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ UNARY = {
     "sgn": "sgn",
     "i0": "i0",
     "special_i0": "i0",
+    "asinh": "asinh",
+    "arcsinh": "asinh",
+    "acosh": "acosh",
+    "arccosh": "acosh",
+    "atanh": "atanh",
+    "arctanh": "atanh",
     "special_i0e": "special_i0e",
     "special_i1": "special_i1",
     "special_i1e": "special_i1e",
@@ -64,6 +70,7 @@ BINARY = {
     "logaddexp2": "logaddexp2",
     "fmod": "fmod",
     "remainder": "remainder",
+    "float_power": "float_power",
 }
 # lightning_ort operators here whose output has the input's shape (shape_inference.py)
 SAME_SHAPE_OPERATORS = tuple(

@@ -57,6 +57,9 @@ std::tuple<at::Tensor, at::Tensor> binary_backward(const at::Tensor& grad, const
   X(rad2deg, at::rad2deg)                   \
   X(sgn, at::sgn)                           \
   X(i0, at::i0)                             \
+  X(asinh, at::asinh)                       \
+  X(acosh, at::acosh)                       \
+  X(atanh, at::atanh)                       \
   X(special_i0e, at::special_i0e)           \
   X(special_i1, at::special_i1)             \
   X(special_i1e, at::special_i1e)           \
@@ -75,7 +78,8 @@ std::tuple<at::Tensor, at::Tensor> binary_backward(const at::Tensor& grad, const
   X(logaddexp, at::logaddexp)        \
   X(logaddexp2, at::logaddexp2)      \
   X(fmod, at::fmod)                  \
-  X(remainder, at::remainder)
+  X(remainder, at::remainder)        \
+  X(float_power, at::float_power)
 
 // Named functions of tensors only (torch's are overloaded for Scalars)
 #define DEFINE_UNARY(name, function) \
