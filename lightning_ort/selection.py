@@ -12,16 +12,36 @@ def _overrides_forward(model: pl.LightningModule) -> bool:
     return type(model).forward is not pl.LightningModule.forward
 
 
-def _trainable_children(model: torch.nn.Module) -> list[str]:
-    return [
-        name
-        for name, child in model.named_children()
-        if any(parameter.requires_grad for parameter in child.parameters())
-    ]
+def _has_forward(module: torch.nn.Module) -> bool:
+    """False for containers only called through their items (``nn.ModuleList``, ``nn.ModuleDict``)."""
+    return type(module).forward is not torch.nn.Module.forward
+
+
+def _trainable_children(model: torch.nn.Module, prefix: str = "") -> list[str]:
+    """Children with a parameter that requires grad; a container's items in its place."""
+    names = []
+    for name, child in model.named_children():
+        if not any(parameter.requires_grad for parameter in child.parameters()):
+            continue
+        if _has_forward(child):
+            names.append(prefix + name)
+        else:
+            names += _trainable_children(child, f"{prefix}{name}.")
+    return names
+
+
+def _callable_parts(model: torch.nn.Module, name: str) -> list[str]:
+    """``name``, or the items of the container it names (recursively), which are what gets called."""
+    module = model.get_submodule(name)
+    if _has_forward(module):
+        return [name]
+    return [part for child in dict(module.named_children()) for part in _callable_parts(model, f"{name}.{child}")]
 
 
 def select_modules(model: pl.LightningModule, requested: list[str] | None, prefer_forward: bool = True) -> list[str]:
     """Names of what to wrap: ``requested`` (validated), else the LightningModule's forward, else trainable children.
+
+    A container that is never called itself (``nn.ModuleList``, ``nn.ModuleDict``) stands for its items.
 
     Raises:
         ValueError: a requested name is not a submodule, or names overlap (one inside another).
@@ -48,4 +68,4 @@ def select_modules(model: pl.LightningModule, requested: list[str] | None, prefe
         for inner in requested:
             if outer != inner and outer != FORWARD and inner.startswith(outer + "."):
                 raise ValueError(f"ORTStrategy(modules=[...]): {inner!r} is inside {outer!r}; name only one of them.")
-    return list(requested)
+    return [part for name in requested for part in ([name] if name == FORWARD else _callable_parts(model, name))]

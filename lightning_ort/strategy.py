@@ -21,12 +21,14 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
 
     By default the LightningModule's own ``forward`` becomes one ORT graph, so ``self(x)`` in the
     steps runs in ORT. If the steps never call ``self(...)``, the children that hold trainable
-    parameters are wrapped instead after the first training step. The loss, ``self.log`` and
+    parameters are wrapped instead after the first training step (an ``nn.ModuleList``'s or
+    ``nn.ModuleDict``'s items, as the container itself is never called). The loss, ``self.log`` and
     metrics stay in PyTorch.
 
     Args:
         modules: names of submodules to run in ORT (e.g. ``["encoder", "decoder"]``) instead of the
-            automatic choice. ``"forward"`` names the LightningModule's own forward.
+            automatic choice. ``"forward"`` names the LightningModule's own forward; a
+            ``nn.ModuleList`` or ``nn.ModuleDict`` stands for its items.
         log_level: ORT's log level: ``"VERBOSE"``, ``"INFO"``, ``"WARNING"``, ``"ERROR"`` or ``"FATAL"``.
         fallback: what happens when ORT cannot export or run a module: ``"warn"`` trains it in
             PyTorch after one warning; ``"raise"`` stops with ORT's reason.

@@ -138,6 +138,39 @@ def test_steps_that_bypass_forward_get_children_wrapped() -> None:
     assert_states_match(eager, ort)
 
 
+class LayerList(Base):
+    """Layers in an ``nn.ModuleList`` and heads in an ``nn.ModuleDict``, called by the steps directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(3)])
+        self.heads = torch.nn.ModuleDict({"main": torch.nn.Linear(16, 3), "unused": torch.nn.Linear(16, 3)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.heads["main"](x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        h = batch[0]
+        for layer in self.layers:
+            h = torch.relu(layer(h))
+        return F.cross_entropy(self.heads["main"](h), batch[1])
+
+
+def test_containers_stand_for_their_items() -> None:
+    """A ModuleList is never called itself: wrapped as such, its layers ran in PyTorch, unreported."""
+    eager, ort = fit_both(LayerList, mlp_loader, STEPS)
+    reports = {report.name: report for report in ort.reports}
+    assert list(reports) == ["forward", "layers.0", "layers.1", "layers.2", "heads.main", "heads.unused"]
+    assert all(reports[name].ort_calls == STEPS - 1 for name in ("layers.0", "layers.1", "layers.2", "heads.main"))
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    named = fit(LayerList(), mlp_loader(), ORTStrategy(modules=["layers"]), STEPS)
+    assert [report.name for report in named.reports] == ["layers.0", "layers.1", "layers.2"]
+    assert all(report.ort_calls == STEPS for report in named.reports)
+
+
 class DropoutMLP(MLP):
     def __init__(self) -> None:
         super().__init__(dropout=0.3)
