@@ -68,6 +68,10 @@ _EVAL_CALL_WITH_GRAD = (
 _LASTING_MODES = 3  # eval-mode calls in a row, in the same other modes, before ORT exports for them
 _INPUTS_BEFORE_BACKWARD = "called with inputs of another structure, dtype, rank or requires_grad" + _BEFORE_BACKWARD
 _MODES_BEFORE_BACKWARD = "submodules' train/eval modes changed" + _BEFORE_BACKWARD
+_READ_BEFORE_BACKWARD = "a Python value its graph holds as a constant changed" + _BEFORE_BACKWARD
+# ORT calls after an export for a changed Python value before another such export; a value that changes
+# more often (every step) sends the module to PyTorch, where exporting on every change would cost more
+_CALLS_BETWEEN_READ_EXPORTS = 10
 
 # What some errors of ORT and of torch's export mean for the user's module, and the fix
 _COMPLEX = (
@@ -222,6 +226,7 @@ class ORTGuard:
         self._other_modes: tuple[tuple[bool, ...], int] | None = None  # of eval-mode calls with gradients on
         self._inputs: tuple[Any, ...] | None = None  # what of the training graph's inputs makes ORT export again
         self._layout: tuple[Any, ...] = ()
+        self._read_export_call: int | None = None  # ort_calls when a changed Python value was last exported
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """A copy of the owner (an EMA or teacher snapshot a callback takes) trains in PyTorch: its ``forward`` is
@@ -293,6 +298,8 @@ class ORTGuard:
                 # would free the first call's state (a segmentation fault in its backward)
                 return self._in_pytorch(_INPUTS_BEFORE_BACKWARD, args, kwargs)
             self._inputs = inputs
+        if not self._follow_python_reads():
+            return self._in_pytorch(_READ_BEFORE_BACKWARD, args, kwargs)
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
             self._check_python_state(modules)
@@ -344,10 +351,37 @@ class ORTGuard:
         self.report.torch_calls += 1
         return self._torch_forward(*args, **kwargs)
 
+    def _follow_python_reads(self) -> bool:
+        """Have ORT export both graphs again if a Python value they hold as a constant changed (a
+        callback's new temperature, ``BaseFinetuning`` toggling ``track_running_stats``), unless it
+        changed within a few calls of the last such export (``_check_python_state`` then refuses it).
+        False when that export has to wait for a pending backward."""
+        assert self._ort_module is not None
+        problem = _compat.changed_python_read(self._adapter)
+        last = self._read_export_call
+        if problem is None or (last is not None and self.report.ort_calls - last < _CALLS_BETWEEN_READ_EXPORTS):
+            return True
+        if _compat.backward_pending(self._ort_module):
+            return False
+        log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, problem.split("; ")[0])
+        _compat.forget_python_reads(self._adapter)
+        for either in (True, False):
+            _compat.export_again(self._ort_module, either)
+        self._read_export_call = self.report.ort_calls
+        return True
+
     def _check_python_state(self, modules: list[torch.nn.Module]) -> None:
         """Raise if Python state the graph cannot follow changed since the export: a value the export
-        read, or a forward hook registered on a submodule (such hooks run during the export only)."""
-        problem = _compat.changed_python_read(self._adapter) or _compat.hooks_problem(self.owner, modules)
+        read, again soon after the last export for such a change, or a forward hook registered on a
+        submodule (such hooks run during the export only)."""
+        problem = _compat.changed_python_read(self._adapter)
+        if problem is not None:
+            again = (
+                f", and it changed again within {_CALLS_BETWEEN_READ_EXPORTS} calls of ORT's export for its last "
+                "change (exporting on nearly every call would cost more than PyTorch). Fix:"
+            )
+            problem = problem.replace(". Fix:", again, 1)
+        problem = problem or _compat.hooks_problem(self.owner, modules)
         if problem is not None:
             raise ORTUnsupportedModelError(problem)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit, fit_both, trainer_kwargs
-from lightning.pytorch.callbacks import ModelPruning
+from lightning.pytorch.callbacks import BaseFinetuning, ModelPruning
 from models import (
     CNN,
     MLP,
@@ -169,6 +169,44 @@ def test_containers_stand_for_their_items() -> None:
     named = fit(LayerList(), mlp_loader(), ORTStrategy(modules=["layers"]), STEPS)
     assert [report.name for report in named.reports] == ["layers.0", "layers.1", "layers.2"]
     assert all(report.ort_calls == STEPS for report in named.reports)
+
+
+class FreezeBatchNormToo(BaseFinetuning):
+    """The documented custom fine-tuning recipe, BatchNorm frozen too: ``freeze(train_bn=False)`` sets
+    ``track_running_stats=False``, which the export reads, and unfreezing sets it back."""
+
+    def freeze_before_training(self, pl_module: L.LightningModule) -> None:
+        self.freeze(pl_module.backbone, train_bn=False)
+
+    def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer: torch.optim.Optimizer) -> None:
+        if epoch == 1:
+            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, train_bn=True)
+
+
+class Backbone(Base):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
+
+
+def test_fine_tuning_that_freezes_batch_norm_stays_in_ort() -> None:
+    """It fell back to PyTorch at the unfreeze epoch (the changed value sent it there); ORT exports again now."""
+    loader = lambda: mlp_loader(batch_size=16, n=48)  # noqa: E731
+    eager, ort = fit_both(Backbone, loader, 9, callbacks=[FreezeBatchNormToo()])
+    assert_ort_ran(ort, 9)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+    assert ort.state["backbone.1.num_batches_tracked"] == 6
 
 
 class DropoutMLP(MLP):

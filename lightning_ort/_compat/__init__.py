@@ -36,6 +36,7 @@ from lightning_ort._compat.memory_arena import arena_scope as memory_arena_scope
 from lightning_ort._compat.memory_arena import release as release_memory_arena
 from lightning_ort._compat.memory_arena import stats as memory_arena_stats
 from lightning_ort._compat.python_reads import changed_read as changed_python_read
+from lightning_ort._compat.python_reads import forget_reads as forget_python_reads
 from lightning_ort._compat.runtime import (
     ORTRuntimeOptions,
     backward_pending,
@@ -70,6 +71,7 @@ __all__ = [
     "backward_pending",
     "batch_counters",
     "changed_python_read",
+    "forget_python_reads",
     "check_device",
     "check_installation",
     "check_training_artifacts",

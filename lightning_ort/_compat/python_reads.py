@@ -10,7 +10,8 @@ nested ones too), and a module-level number or container a forward method names.
 the trace looked for it (``getattr(self, "scale", 1.0)``).
 If the value changes later, eager PyTorch computes with the new one and ORT's graph with the old
 one, silently. :func:`recorded_reads` records what the trace read, and :func:`changed_read` tells,
-before each call, whether one of those values has changed since.
+before each call, whether one of those values has changed since; the guard then has ORT export
+again (after :func:`forget_reads`), or hands the module to PyTorch if the value changes too often.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ _READS: weakref.WeakKeyDictionary[torch.nn.Module, PythonReads] = weakref.WeakKe
 def reads_of(module: torch.nn.Module) -> PythonReads:
     """What the exports of ``module`` (the module ORT wraps) read, accumulated over its exports."""
     return _READS.setdefault(module, PythonReads())
+
+
+def forget_reads(module: torch.nn.Module) -> None:
+    """Drop what the exports of ``module`` read: its graphs are exported again, and record anew."""
+    _READS.pop(module, None)
 
 
 @contextlib.contextmanager
