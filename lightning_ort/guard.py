@@ -95,8 +95,8 @@ _HINTS = (
         "as it's unreachable",
         "ORT found no gradient path from the outputs to a parameter that requires grad: either it reaches them "
         "only through .detach() (a teacher or target network inside forward; fix: freeze it with "
-        "requires_grad_(False), which ORT leaves out, or call it outside forward), or through an op ORT cannot "
-        "differentiate, such as torch.tensor_split (fix: split with Tensor.split or slices)",
+        "requires_grad_(False), which ORT leaves out, or call it outside forward), or only through comparisons "
+        "(a threshold parameter in x > self.threshold, whose gradient eager leaves None; fix: make it a buffer)",
     ),
     (
         "cannot register a hook on a tensor that doesn't require gradient",
