@@ -150,3 +150,42 @@ def test_repeat_interleave_over_a_negative_dim_leaves_other_constants_alone() ->
     assert_ort_ran(ort, 3)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+class ForegroundLoss(Base):
+    """A box loss over the foreground only, as detection models compute it: two selections by one mask,
+    combined. A batch without foreground (all False) aborted the process in ORT's backward."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form, self.boxes = form, nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, foreground: torch.Tensor) -> torch.Tensor:
+        boxes = self.boxes(x)
+        predicted, target = boxes[:, 1], boxes[:, 0]
+        regularizer = (target**2).mean()
+        if self.form == "difference":
+            return ((predicted[foreground] - target[foreground]) ** 2).sum() + regularizer
+        if self.form == "mse-to-input":
+            return F.mse_loss(predicted[foreground], x[:, 0][foreground], reduction="sum") + regularizer
+        out = torch.zeros_like(predicted)  # torchvision's generalized_box_iou_loss assigns this way
+        out[foreground] = (predicted[foreground] - target[foreground]) * 2
+        return (out**2).sum() + regularizer
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(*batch)
+
+
+def _foregrounds() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    masks = [[1, 0, 1, 0, 1, 1], [0, 1, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0], [1, 0, 0, 1]]
+    batches = [(torch.randn(len(mask), 4, generator=g), torch.tensor(mask).bool()) for mask in masks]
+    return DataLoader(batches, batch_size=None)
+
+
+@pytest.mark.parametrize("form", ["difference", "mse-to-input", "assigned"])
+def test_foreground_loss_with_a_batch_without_foreground(form: str) -> None:
+    eager, ort = fit_both(lambda: ForegroundLoss(form), _foregrounds, 4)
+    assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

@@ -193,11 +193,13 @@ def _symbolic_shapes_without_assumptions() -> None:
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager
 
     from lightning_ort._compat.shape_inference import infer_shapes
+    from lightning_ort._compat.shared_masks import share_mask_indices
 
     original = GraphTransitionManager.__dict__["_infer_shapes"].__func__
 
     @functools.wraps(original)
     def _infer_shapes(model: Any) -> Any:
+        share_mask_indices(model)
         try:
             return infer_shapes(model)
         except Exception:
