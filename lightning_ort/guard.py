@@ -93,10 +93,9 @@ _HINTS = (
     ),
     (
         "as it's unreachable",
-        "ORT found no gradient path from the outputs to a parameter that requires grad: either it reaches them "
-        "only through .detach() (a teacher or target network inside forward; fix: freeze it with "
-        "requires_grad_(False), which ORT leaves out, or call it outside forward), or only through comparisons "
-        "(a threshold parameter in x > self.threshold, whose gradient eager leaves None; fix: make it a buffer)",
+        "ORT found no gradient path from the outputs to a parameter that requires grad, through an op that "
+        "carries no gradient. Fix: freeze the parameter with requires_grad_(False), which ORT leaves out, or "
+        "register it as a buffer, or keep that part out of ORT with ORTStrategy(modules=[...])",
     ),
     (
         "cannot register a hook on a tensor that doesn't require gradient",

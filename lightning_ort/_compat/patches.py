@@ -16,6 +16,7 @@ from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, export_cache, keep_trace_record, reuse_trace_record
 from lightning_ort._compat.export_guard import guarded_export
 from lightning_ort._compat.gradient_overloads import choose_overloads
+from lightning_ort._compat.gradient_paths import without_gradient_paths
 from lightning_ort._compat.losses import add_log_prob_outputs
 from lightning_ort._compat.memory_arena import arena_scope
 from lightning_ort._compat.mha_export import dynamic_attention_shapes
@@ -91,6 +92,12 @@ def _prepare_graph_builder_input() -> None:
 
     @functools.wraps(original)
     def _initialize_graph_builder(self: Any, info: Any) -> Any:
+        model = info._post_export_processed_model
+        unreachable = without_gradient_paths(model, list(info.onnx_graph_input_names_require_grad))
+        if unreachable:  # eager leaves their gradients None; ORT refused to build them
+            info.onnx_graph_input_names_require_grad = [
+                name for name in info.onnx_graph_input_names_require_grad if name not in unreachable
+            ]
         # ORT's reprocess check updates which inputs require grad but not its user-input subset, so a
         # model input that stops requiring grad (FGSM's second forward) was still asked for a gradient
         required = set(info.onnx_graph_input_names_require_grad)

@@ -1,0 +1,32 @@
+"""Parameters that require grad with no path to the outputs a gradient can take.
+
+A parameter used only in comparisons (``x.masked_fill(x > self.threshold, 0)``) or only through
+``.detach()`` (a teacher network called inside ``forward``) gets no gradient in eager PyTorch: its
+``.grad`` stays ``None`` and optimizers skip it. ORT refused to build a gradient graph for such a
+parameter ("unreachable from the output node(s)"), and the module fell back to PyTorch. They are left
+out of the inputs ORT trains, so ORT returns ``None`` for them as eager does.
+
+The paths are followed through every op but those that carry no gradient for sure (shapes,
+comparisons, indices, random draws, ``detach``); where ORT knows of more, it still refuses as before.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from lightning_ort._compat.gradient_overloads import NON_DIFFERENTIABLE, STOP_GRADIENT_OPERATORS, aten_operator
+from lightning_ort._compat.onnx_rewrite import has_subgraphs
+
+
+def without_gradient_paths(model: onnx.ModelProto, names: list[str]) -> list[str]:
+    """Those of the graph inputs ``names`` from which no path a gradient can take leads to an output."""
+    graph = model.graph
+    if has_subgraphs(graph):
+        return []  # control flow reads tensors its node does not name as inputs
+    live = {output.name for output in graph.output}
+    for node in reversed(graph.node):  # ONNX nodes are topologically sorted
+        if node.op_type in NON_DIFFERENTIABLE or aten_operator(node) in STOP_GRADIENT_OPERATORS:
+            continue
+        if any(name in live for name in node.output):
+            live.update(node.input)
+    return [name for name in names if name not in live]
