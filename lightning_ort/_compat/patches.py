@@ -374,6 +374,7 @@ def install() -> None:
         pooling,
         random_ops,
         reductions,
+        regression_losses,
         rnn,
         rnn_dropout,
         sampling,
@@ -392,6 +393,7 @@ def install() -> None:
     special_functions.register()
     matrix_transposes.register()
     losses.register()
+    regression_losses.register()
     layers.register()
     indexing.register()
     distances.register()
