@@ -259,6 +259,16 @@ class NoGradInForward(MLP):
         return self.head(self.body(x)) + 0.5 * target
 
 
+class GradSwitchedOff(MLP):
+    """``torch.set_grad_enabled(False)`` in the forward, around a computation from parameters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.set_grad_enabled(False)
+        target = self.head(self.body(x))
+        torch.set_grad_enabled(True)
+        return self.head(self.body(x)) + 0.5 * target
+
+
 class PythonCounter(MLP):
     """The forward changes a plain Python attribute: a traced graph would freeze it."""
 

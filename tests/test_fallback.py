@@ -23,6 +23,7 @@ from models import (
     BufferReplacer,
     BufferWriter,
     DataDependent,
+    GradSwitchedOff,
     HookedFeatures,
     InPlaceInput,
     MaxNormEmbedding,
@@ -46,7 +47,8 @@ CASES = [
     (STEModel, "custom torch.autograd.Function(s) models.StraightThrough"),
     (DataDependent, "control flow or values that depend on tensor data"),
     (BufferWriter, "updates buffer(s) counter.calls in place"),
-    (NoGradInForward, "its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at"),
+    (NoGradInForward, "its forward turns gradients off (torch.no_grad() at"),
+    (GradSwitchedOff, "its forward turns gradients off with set_grad_enabled(False) or inference_mode at"),
     (PythonCounter, "its forward changes Python attribute(s) self.calls"),
     (PerSampleLoop, "into a Python integer at"),
     (BufferReplacer, "assigns new tensors to buffer(s) mean"),
@@ -60,9 +62,9 @@ CASES = [
     (StoredAuxLoss, "its forward stores tensor(s) self.aux_loss"),
 ]
 IDS = [
-    "autograd_function", "data_dependent", "buffer_write", "no_grad", "python_state", "shape_loop", "buffer_replaced",
-    "max_norm", "sparse_embedding", "forward_hook", "in_place_input", "backward_hook", "tensor_hook",
-    "requires_grad_branch", "stored_tensor",
+    "autograd_function", "data_dependent", "buffer_write", "no_grad", "grad_switched_off", "python_state",
+    "shape_loop", "buffer_replaced", "max_norm", "sparse_embedding", "forward_hook", "in_place_input",
+    "backward_hook", "tensor_hook", "requires_grad_branch", "stored_tensor",
 ]  # fmt: skip
 
 

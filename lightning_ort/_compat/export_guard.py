@@ -267,8 +267,8 @@ def _record_grad_disabling(regions: GradRegions) -> Iterator[GradRegions]:
         restoring = caller.f_code.co_name == "__exit__" and caller.f_code.co_filename == _GRAD_MODE_FILE
         if not mode and not restoring and torch.jit.is_tracing() and not _in_no_grad(caller):
             location = _user_frame()
-            if location is not None and location not in regions.unsafe:
-                regions.unsafe.append(location)
+            if location is not None and location not in regions.switched:
+                regions.switched.append(location)
         original(mode)
 
     def no_grad_enter(self: torch.no_grad) -> None:
@@ -531,9 +531,16 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
     problem = _functions_problem(functions, exported)
     if problem is not None:
         raise ORTUnsupportedModelError(problem)
+    if grad_regions.switched:
+        raise ORTUnsupportedModelError(
+            f"its forward turns gradients off with set_grad_enabled(False) or inference_mode at "
+            f"{grad_regions.switched[0]}; the export cannot tell which computations that covers, and ORT's graph "
+            "would compute gradients through them. Fix: use a `with torch.no_grad():` block (ORT follows one that "
+            "computes from buffers and inputs that need no gradient), or .detach() the result, which ORT respects"
+        )
     if grad_regions.unsafe:
         raise ORTUnsupportedModelError(
-            f"its forward turns gradients off (torch.no_grad() or set_grad_enabled(False) at "
+            f"its forward turns gradients off (torch.no_grad() at "
             f"{grad_regions.unsafe[0]}) around a computation from parameters or inputs that need gradients; ORT's "
             "graph would compute gradients through that region. Fix: compute it outside forward, or use .detach() "
             "on its result, which ORT respects"

@@ -29,6 +29,8 @@ class GradRegions:
         self._open: list[str | None] = []  # None: a region torch's own code opened
         self._without_gradient: set[int] | None = None
         self.unsafe: list[str] = []
+        # where gradients were turned off other than by a no_grad region (set_grad_enabled(False), inference_mode)
+        self.switched: list[str] = []
 
     def enter(self, location: str | None) -> None:
         self._open.append(location)
