@@ -437,3 +437,22 @@ def _shrinking_batches() -> torch.utils.data.DataLoader:
         (torch.randn(n, 16, generator=generator), torch.randint(0, 3, (n,), generator=generator)) for n in (8, 6, 4)
     ]
     return torch.utils.data.DataLoader(batches * 2, batch_size=None)
+
+
+class BranchOnSizes(Net):
+    """A branch on a comparison of sizes (a U-Net resizing a skip only when the sizes differ)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if h.shape[0] != 16:
+            h = h * 2
+        return self.b(h)
+
+
+def test_a_branch_on_sizes_falls_back_naming_the_fix() -> None:
+    eager, ort = fit_both(BranchOnSizes, lambda: mlp_loader(batch_size=16, n=40), STEPS)
+    (report,) = ort.reports
+    assert report.fallback_reason is not None and "a branch on sizes" in report.fallback_reason
+    assert "Fix: take the branch on every call" in report.fallback_reason
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

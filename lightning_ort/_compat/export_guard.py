@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import linecache
 import logging
 import os
 import sys
@@ -46,6 +47,11 @@ _SIZES_ARE_TENSORS = (
     "math.sqrt(x.size(1)) "
     "freezes the first batch's number. Fix: keep it a tensor (x.shape[0] // 4, x.size(1) ** 0.5), or compute it "
     "from a number the module keeps)"
+)
+_BRANCH_ON_SIZES = (
+    " (a branch on sizes, such as if h.shape[-2:] != skip.shape[-2:]: under the export sizes are tensors, and "
+    "the graph keeps the branch the first batch took. Fix: take the branch on every call (always interpolate "
+    "to skip.shape[-2:]), or keep that module out of ORT with ORTStrategy(modules=[...]))"
 )
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
@@ -417,6 +423,12 @@ def user_modules(module: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, st
     return modules
 
 
+def _reads_sizes(filename: str, lineno: int) -> bool:
+    """Whether the source line reads a tensor's sizes (``.shape``, ``.size(``)."""
+    line = linecache.getline(filename, lineno)
+    return ".shape" in line or ".size(" in line
+
+
 def adapter_of(module: torch.nn.Module) -> torch.nn.Module:
     """The module ORT's flattened ``module`` wraps (lightning_ort's ForwardAdapter)."""
     return getattr(module, "_original_module", module)
@@ -629,6 +641,8 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         first = unsafe[0]
         text = str(first.message)
         sizes = _SIZES_ARE_TENSORS if "Converting a tensor to a Python" in text and "boolean" not in text else ""
+        if "boolean" in text and _reads_sizes(first.filename, first.lineno):
+            sizes = _BRANCH_ON_SIZES
         raise ORTUnsupportedModelError(
             "its forward has Python control flow or values that depend on tensor data, which the ONNX "
             f"export would freeze ({first.filename}:{first.lineno}: {first.message}){sizes}"
