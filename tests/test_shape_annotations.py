@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fit_both
@@ -145,5 +146,40 @@ def test_unflatten_before_batch_norm_trains_in_ort() -> None:
     batches = [(torch.randn(batch, 8, generator=g), torch.randn(batch, 2, 6, 6, generator=g)) for batch in (4, 3, 4, 2)]
     eager, ort = fit_both(UnflattenDecoder, lambda: DataLoader(batches, batch_size=None), 4)
     assert_ort_ran(ort, 4)
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)
+
+
+class ReversibleNorm(Base):
+    """RevIN, as forecasting models (PatchTST, Non-stationary Transformer) write it: statistics over the
+    length, detached, added back to a forecast of another length. ORT's inference gave the kept 1 of the
+    detached statistic a new symbol and merged it with both lengths: the input's length was read as the
+    horizon's (losses 6.5 times eager's)."""
+
+    def __init__(self, statistic: str) -> None:
+        super().__init__()
+        self.statistic = statistic
+        self.head = nn.Linear(8, 4 * 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, channels = x.shape
+        if self.statistic == "mean":
+            center = x.mean(1, keepdim=True).detach()
+        elif self.statistic == "amax":
+            center = x.amax(1, keepdim=True).detach()
+        else:
+            center = x.std(1, keepdim=True).detach()
+        features = (x - center).abs().sum(1) / length
+        return self.head(features).view(batch, 4, channels) + center
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).pow(2).mean()
+
+
+@pytest.mark.parametrize("statistic", ["mean", "amax", "std"])
+def test_a_detached_statistic_added_to_another_length_keeps_the_input_length(statistic: str) -> None:
+    lengths = lambda: sequence_batches([(4, 12), (3, 16), (5, 10)], 8, seed=3)  # noqa: E731
+    eager, ort = fit_both(lambda: ReversibleNorm(statistic), lengths, 3)
+    assert_ort_ran(ort, 3)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)

@@ -48,6 +48,21 @@ def _same_as_input(shapes: list[Shape | None], flags: list[Any]) -> Shape | None
     return shapes[0]
 
 
+def _reduction(dims_at: int, keep_at: int) -> Callable[[list[Shape | None], list[Any]], Shape | None]:
+    """The output of a reduction over the constant dimensions ``flags[dims_at]`` (none: all of them),
+    kept as 1 where ``flags[keep_at]`` says so (``amax``, ``std``, ``vector_norm``, ... in reductions.py)."""
+
+    def shape(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
+        input, dims, keep = shapes[0], flags[dims_at], flags[keep_at]
+        if input is None or dims is None or keep is None:
+            return None
+        dims = [int(dim) for dim in (dims if isinstance(dims, list | tuple) else [dims])]
+        reduced = set(range(len(input))) if not dims else {dim % len(input) for dim in dims} if input else set()
+        return [1 if index in reduced else dim for index, dim in enumerate(input) if bool(keep) or index not in reduced]
+
+    return shape
+
+
 def _rank(info: onnx.ValueInfoProto) -> int | None:
     if not info.type.tensor_type.HasField("shape"):
         return None
@@ -168,6 +183,17 @@ _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None
     "lightning_ort::einsum2": _einsum,
     "lightning_ort::rnn_layer": _rnn_layer,
     "lightning_ort::pow": _broadcast,
+    # a fresh symbol for a kept dimension of 1 (RevIN's x.mean(1, keepdim=True).detach()) was merged with
+    # the dimensions it broadcasts against, a graph input's length with a number: the graph then read
+    # that input's length as the number
+    "detach_copy": _same_as_input,
+    "amax": _reduction(1, 2),
+    "amin": _reduction(1, 2),
+    "lightning_ort::nansum": _reduction(1, 2),
+    "lightning_ort::nanmean": _reduction(1, 2),
+    "lightning_ort::prod": _reduction(1, 2),
+    "lightning_ort::std": _reduction(1, 3),
+    "lightning_ort::vector_norm": _reduction(2, 3),
     **{operator: _same_as_input for operator in activations.OPERATORS},
     **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in special_functions.SAME_SHAPE_OPERATORS},
