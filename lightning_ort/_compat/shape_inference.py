@@ -27,6 +27,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import onnx
 import sympy
 from onnx import helper
@@ -56,9 +57,11 @@ def _reduction(dims_at: int, keep_at: int) -> Callable[[list[Shape | None], list
         input, dims, keep = shapes[0], flags[dims_at], flags[keep_at]
         if input is None or dims is None or keep is None:
             return None
-        dims = [int(dim) for dim in (dims if isinstance(dims, list | tuple) else [dims])]
-        reduced = set(range(len(input))) if not dims else {dim % len(input) for dim in dims} if input else set()
-        return [1 if index in reduced else dim for index, dim in enumerate(input) if bool(keep) or index not in reduced]
+        dims = [int(dim) for dim in np.asarray(dims).reshape(-1)]  # the inference holds constants as arrays
+        rank = len(input)
+        reduced = {dim % rank for dim in dims} if dims and rank else set(range(rank))
+        keep = bool(np.asarray(keep).reshape(-1)[0])
+        return [1 if index in reduced else dim for index, dim in enumerate(input) if keep or index not in reduced]
 
     return shape
 
