@@ -49,9 +49,9 @@ _SIZES_ARE_TENSORS = (
     "from a number the module keeps)"
 )
 _BRANCH_ON_SIZES = (
-    "its forward branches on sizes at {location} (if h.shape[-2:] != skip.shape[-2:]): under the export sizes "
-    "are tensors, and the graph would keep the branch the first batch took. Fix: take the branch on every call "
-    "(always interpolate to skip.shape[-2:]), or keep that module out of ORT with ORTStrategy(modules=[...])"
+    "its forward has Python control flow on sizes at {location} (if h.shape[-2:] != skip.shape[-2:]): under the "
+    "export sizes are tensors, and the graph would keep the branch the first batch took. Fix: take the branch on "
+    "every call (always interpolate to skip.shape[-2:]), or keep that module out of ORT with ORTStrategy(modules=[...])"
 )
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
