@@ -297,11 +297,15 @@ class ORTGuard:
                 # would free the first call's state (a segmentation fault in its backward)
                 return self._in_pytorch(_INPUTS_BEFORE_BACKWARD, args, kwargs)
             self._inputs = inputs
-        if not self._follow_python_reads():
-            return self._in_pytorch(_READ_BEFORE_BACKWARD, args, kwargs)
+        changed = _compat.changed_python_read(self._adapter)
+        if changed is not None and self._read_may_export_again():
+            if _compat.backward_pending(self._ort_module):
+                return self._in_pytorch(_READ_BEFORE_BACKWARD, args, kwargs)
+            self._export_again_for_read(changed)
+            changed = None
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
-            self._check_python_state(modules)
+            self._check_python_state(modules, changed)
             output = from_mappings(self._ort_module(*ort_args, **ort_kwargs))
         except Exception as error:
             self._give_up(error, graph, autocast)
@@ -350,30 +354,26 @@ class ORTGuard:
         self.report.torch_calls += 1
         return self._torch_forward(*args, **kwargs)
 
-    def _follow_python_reads(self) -> bool:
-        """Have ORT export both graphs again if a Python value they hold as a constant changed (a
-        callback's new temperature, ``BaseFinetuning`` toggling ``track_running_stats``), unless it
-        changed within a few calls of the last such export (``_check_python_state`` then refuses it).
-        False when that export has to wait for a pending backward."""
-        assert self._ort_module is not None
-        problem = _compat.changed_python_read(self._adapter)
+    def _read_may_export_again(self) -> bool:
+        """Whether a Python value the graphs hold as a constant, changed (a callback's new temperature,
+        ``BaseFinetuning`` toggling ``track_running_stats``), gets ORT's graphs exported again: not within
+        a few calls of the last such export (``_check_python_state`` then refuses it)."""
         last = self._read_export_call
-        if problem is None or (last is not None and self.report.ort_calls - last < _CALLS_BETWEEN_READ_EXPORTS):
-            return True
-        if _compat.backward_pending(self._ort_module):
-            return False
-        log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, problem.split("; ")[0])
+        return last is None or self.report.ort_calls - last >= _CALLS_BETWEEN_READ_EXPORTS
+
+    def _export_again_for_read(self, changed: str) -> None:
+        assert self._ort_module is not None
+        log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, changed.split("; ")[0])
         _compat.forget_python_reads(self._adapter)
         for either in (True, False):
             _compat.export_again(self._ort_module, either)
         self._read_export_call = self.report.ort_calls
-        return True
 
-    def _check_python_state(self, modules: list[torch.nn.Module]) -> None:
+    def _check_python_state(self, modules: list[torch.nn.Module], changed: str | None) -> None:
         """Raise if Python state the graph cannot follow changed since the export: a value the export
-        read, again soon after the last export for such a change, or a forward hook registered on a
-        submodule (such hooks run during the export only)."""
-        problem = _compat.changed_python_read(self._adapter)
+        read (``changed``, the reason), again soon after the last export for such a change, or a forward
+        hook registered on a submodule (such hooks run during the export only)."""
+        problem = changed
         if problem is not None:
             again = (
                 f", and it changed again within {_CALLS_BETWEEN_READ_EXPORTS} calls of ORT's export for its last "
