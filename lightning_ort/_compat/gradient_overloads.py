@@ -118,23 +118,27 @@ def choose_overloads(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -
     """Give every lightning_ort node with parameters the overload for the gradients it needs.
 
     "Needs a gradient" is taken as "computed from a graph input that requires one", except through
-    the ops in NON_DIFFERENTIABLE. ORT's own analysis knows more non-differentiable edges; where the
-    two differ, ORT's backward or graph build fails loudly (and lightning_ort falls back to PyTorch),
-    it never computes wrongly.
+    the nodes :func:`carries_gradient` says carry none. ORT's own analysis knows more
+    non-differentiable edges; where the two differ, ORT's backward or graph build fails loudly (and
+    lightning_ort falls back to PyTorch), it never computes wrongly.
     """
     reachable = set(inputs_requiring_grad)
     for node in model.graph.node:  # ONNX nodes are topologically sorted
-        differentiable = node.op_type not in NON_DIFFERENTIABLE
         operator = aten_operator(node)
-        if operator is not None:
-            differentiable = operator not in STOP_GRADIENT_OPERATORS
-            slots = OPERATORS.get(operator)
-            if slots is not None:
-                inputs = list(node.input)
-                needed = tuple(index < len(inputs) and inputs[index] in reachable for index in range(len(slots)))
-                _set_overload(node, overload_name(slots, needed))
-        if differentiable and any(name in reachable for name in node.input):
+        slots = OPERATORS.get(operator) if operator is not None else None
+        if slots is not None:
+            inputs = list(node.input)
+            needed = tuple(index < len(inputs) and inputs[index] in reachable for index in range(len(slots)))
+            _set_overload(node, overload_name(slots, needed))
+        if carries_gradient(node) and any(name in reachable for name in node.input):
             reachable.update(node.output)
+
+
+def carries_gradient(node: onnx.NodeProto) -> bool:
+    """Whether a gradient can pass ``node`` from its outputs to its inputs: not through the ops in
+    NON_DIFFERENTIABLE nor the ATen operators in STOP_GRADIENT_OPERATORS (``detach``)."""
+    operator = aten_operator(node)
+    return node.op_type not in NON_DIFFERENTIABLE if operator is None else operator not in STOP_GRADIENT_OPERATORS
 
 
 def aten_operator(node: onnx.NodeProto) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx
 
-from lightning_ort._compat.gradient_overloads import NON_DIFFERENTIABLE, STOP_GRADIENT_OPERATORS, aten_operator
+from lightning_ort._compat.gradient_overloads import carries_gradient
 from lightning_ort._compat.onnx_rewrite import has_subgraphs
 
 
@@ -25,8 +25,6 @@ def without_gradient_paths(model: onnx.ModelProto, names: list[str]) -> list[str
         return []  # control flow reads tensors its node does not name as inputs
     live = {output.name for output in graph.output}
     for node in reversed(graph.node):  # ONNX nodes are topologically sorted
-        if node.op_type in NON_DIFFERENTIABLE or aten_operator(node) in STOP_GRADIENT_OPERATORS:
-            continue
-        if any(name in live for name in node.output):
+        if carries_gradient(node) and any(name in live for name in node.output):
             live.update(node.input)
     return [name for name in names if name not in live]
