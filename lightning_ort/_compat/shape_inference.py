@@ -39,8 +39,17 @@ from onnxruntime.tools.symbolic_shape_infer import (
     is_literal,
 )
 
-from lightning_ort._compat import activations, indexing, layers, math_ops, sampling, special_functions, upsample
-from lightning_ort._compat.gradient_overloads import aten_operator
+from lightning_ort._compat import (
+    activations,
+    indexing,
+    layers,
+    math_ops,
+    reductions,
+    sampling,
+    special_functions,
+    upsample,
+)
+from lightning_ort._compat.gradient_overloads import STOP_GRADIENT_OPERATORS, aten_operator
 
 Shape = list[Any]  # ints and symbol names; None where unknown
 
@@ -51,7 +60,7 @@ def _same_as_input(shapes: list[Shape | None], flags: list[Any]) -> Shape | None
 
 def _reduction(dims_at: int, keep_at: int) -> Callable[[list[Shape | None], list[Any]], Shape | None]:
     """The output of a reduction over the constant dimensions ``flags[dims_at]`` (none: all of them),
-    kept as 1 where ``flags[keep_at]`` says so (``amax``, ``std``, ``vector_norm``, ... in reductions.py)."""
+    kept as 1 where ``flags[keep_at]`` says so (reductions.py's ``REDUCED_DIMS``)."""
 
     def shape(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
         input, dims, keep = shapes[0], flags[dims_at], flags[keep_at]
@@ -189,14 +198,8 @@ _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None
     # a fresh symbol for a kept dimension of 1 (RevIN's x.mean(1, keepdim=True).detach()) was merged with
     # the dimensions it broadcasts against, a graph input's length with a number: the graph then read
     # that input's length as the number
-    "detach_copy": _same_as_input,
-    "amax": _reduction(1, 2),
-    "amin": _reduction(1, 2),
-    "lightning_ort::nansum": _reduction(1, 2),
-    "lightning_ort::nanmean": _reduction(1, 2),
-    "lightning_ort::prod": _reduction(1, 2),
-    "lightning_ort::std": _reduction(1, 3),
-    "lightning_ort::vector_norm": _reduction(2, 3),
+    **{operator: _same_as_input for operator in STOP_GRADIENT_OPERATORS},
+    **{operator: _reduction(*positions) for operator, positions in reductions.REDUCED_DIMS.items()},
     **{operator: _same_as_input for operator in activations.OPERATORS},
     **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in special_functions.SAME_SHAPE_OPERATORS},
