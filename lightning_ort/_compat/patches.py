@@ -104,19 +104,19 @@ def _prepare_graph_builder_input() -> None:
         info.onnx_graph_input_names_require_grad_user_defined = [
             name for name in info.onnx_graph_input_names_user_defined if name in required
         ]
-        check_batch_norm_order(info._post_export_processed_model)
-        check_sequences(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
+        check_batch_norm_order(model)
+        check_sequences(model, list(info.onnx_graph_input_names_require_grad))
         if getattr(self, CHANNELS_LAST_ATTR, False):
-            to_channels_last(info._post_export_processed_model)
+            to_channels_last(model)
         if getattr(self, UNBIND_ATTR, False):
-            fuse_unbinds(info._post_export_processed_model)
+            fuse_unbinds(model)
         if getattr(self, ATTENTION_FUSION_ATTR, False):
-            fuse_attention(info._post_export_processed_model)
-        split_bidirectional_rnns(info._post_export_processed_model)
-        add_log_prob_outputs(info._post_export_processed_model)
-        pad_constant_fills(info._post_export_processed_model)
-        choose_overloads(info._post_export_processed_model, list(info.onnx_graph_input_names_require_grad))
-        sanitize_dim_names(info._post_export_processed_model)
+            fuse_attention(model)
+        split_bidirectional_rnns(model)
+        add_log_prob_outputs(model)
+        pad_constant_fills(model)
+        choose_overloads(model, list(info.onnx_graph_input_names_require_grad))
+        sanitize_dim_names(model)
         return original(self, info)
 
     GraphExecutionManager._initialize_graph_builder = _initialize_graph_builder  # type: ignore[method-assign]
