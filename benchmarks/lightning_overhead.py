@@ -23,6 +23,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +66,20 @@ def _probe() -> Workload:
     return Workload("probe", make_model, make_batch, F.cross_entropy, lambda p: torch.optim.SGD(p, lr=0.01))
 
 
-def measure(workload: Workload, steps: int, warmup: int, rounds: int) -> tuple[float, float]:
-    """Median step times (seconds) of Lightning + ORTStrategy and of the raw ORTModule loop."""
+def measure(workload: Workload, steps: int, warmup: int, rounds: int, modes: Sequence[str]) -> dict[str, float]:
+    """Median step time (seconds) of each mode (``ort``/``eager``: Lightning; ``raw_ort``/``raw_eager``: a plain
+    loop), over rounds that alternate the order of the modes."""
     generator = torch.Generator().manual_seed(0)
     batches = [workload.make_batch(generator) for _ in range(warmup + steps)]
-    medians: dict[str, list[float]] = {"ort": [], "raw_ort": []}
+    medians: dict[str, list[float]] = {mode: [] for mode in modes}
     for round_index in range(rounds):
-        order = ["ort", "raw_ort"] if round_index % 2 == 0 else ["raw_ort", "ort"]
-        for mode in order:
+        for mode in modes if round_index % 2 == 0 else reversed(modes):
             intervals = BatchIntervals()
             times = run_mode(mode, workload, batches, "cpu", {}, [intervals]).times
-            if mode == "ort":
+            if not mode.startswith("raw_"):
                 times = intervals.intervals
             medians[mode].append(statistics.median(times[warmup:]))
-    return statistics.median(medians["ort"]), statistics.median(medians["raw_ort"])
+    return {mode: statistics.median(values) for mode, values in medians.items()}
 
 
 def main() -> None:
@@ -92,16 +93,21 @@ def main() -> None:
     args = parser.parse_args()
     added = None
     if args.probe_steps:
-        lightning, raw = measure(_probe(), args.probe_steps, 20, args.rounds)
-        added = lightning - raw
+        probe = measure(_probe(), args.probe_steps, 20, args.rounds, ("ort", "raw_ort", "eager", "raw_eager"))
+        added = probe["ort"] - probe["raw_ort"]
+        lightning_loop = probe["eager"] - probe["raw_eager"]
         print(
-            f"tiny probe: Lightning + ORTStrategy {lightning * 1000:.3f} ms/step, raw ORTModule loop "
-            f"{raw * 1000:.3f} ms/step: the strategy and Lightning add {added * 1000:.3f} ms per step\n"
+            f"tiny probe: Lightning + ORTStrategy {probe['ort'] * 1000:.3f} ms/step, raw ORTModule loop "
+            f"{probe['raw_ort'] * 1000:.3f} ms/step: the strategy and Lightning add {added * 1000:.3f} ms per step;\n"
+            f"eager Lightning {probe['eager'] * 1000:.3f} ms/step, eager loop {probe['raw_eager'] * 1000:.3f} ms/step: "
+            f"Lightning's own loop costs {lightning_loop * 1000:.3f} ms of it, the strategy "
+            f"{(added - lightning_loop) * 1000:.3f} ms\n"
         )
     print("| workload | Lightning + ORTStrategy | raw ORTModule loop | Lightning / raw | probe's added cost / raw |")
     print("| --- | --- | --- | --- | --- |")
     for name in args.workloads.split(","):
-        lightning, raw = measure(workloads(args.size)[name], args.steps, args.warmup, args.rounds)
+        times = measure(workloads(args.size)[name], args.steps, args.warmup, args.rounds, ("ort", "raw_ort"))
+        lightning, raw = times["ort"], times["raw_ort"]
         share = "" if added is None else f"{added / raw:+.1%}"
         print(
             f"| {name} | {lightning * 1000:.1f} ms | {raw * 1000:.1f} ms | {lightning / raw:.3f} | {share} |",

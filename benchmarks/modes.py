@@ -16,7 +16,7 @@ import lightning_ort
 from lightning_ort import _compat
 from lightning_ort.timing import StepTimer
 
-MODES = ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "ort_fused_attention", "raw_ort", "compile")
+MODES = ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "ort_fused_attention", "raw_ort", "raw_eager", "compile")
 
 
 class Steps(NamedTuple):
@@ -92,17 +92,21 @@ def _lightning(
     return Steps(timer.step_times, faults.faults)
 
 
-def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device: str, options: Any) -> Steps:
-    model = model.to(device)
-    ort_model = _compat.wrap_module(model, options)
+def _loop(workload: Workload, model: nn.Module, call: nn.Module, batches: list[Batch], device: str) -> Steps:
+    """A plain training loop without Lightning: ``call`` (the model or its ORTModule) on every batch."""
     optimizer = workload.make_optimizer(list(model.parameters()))
     steps = Steps([], [])
     for x, y in batches:
         start, faults = time.perf_counter(), minor_faults()
-        workload.train_step(ort_model, optimizer, (x.to(device), y.to(device)))
+        workload.train_step(call, optimizer, (x.to(device), y.to(device)))
         steps.times.append(time.perf_counter() - start)
         steps.faults.append(minor_faults() - faults)
     return steps
+
+
+def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device: str, options: Any) -> Steps:
+    model = model.to(device)
+    return _loop(workload, model, _compat.wrap_module(model, options), batches, device)
 
 
 def run_mode(
@@ -134,6 +138,9 @@ def run_mode(
     if mode == "raw_ort":
         runtime = lightning_ort.ORTStrategy(**ort_options).runtime_options
         return _raw_ort(workload, model, batches, device, runtime)
+    if mode == "raw_eager":  # the same loop as raw_ort, in eager PyTorch: what Lightning's own loop costs
+        model = model.to(device)
+        return _loop(workload, model, model, batches, device)
     if mode == "compile":
         return _lightning(workload, torch.compile(model), batches, "auto", device, callbacks)
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")

@@ -26,7 +26,7 @@ def test_benchmark_runs_tiny_and_writes_results(tmp_path: Path) -> None:
         "--workloads",
         "gpt,cnn",
         "--modes",
-        "eager,ort,ort_no_rewrites,ort_no_arena,raw_ort",
+        "eager,ort,ort_no_rewrites,ort_no_arena,raw_ort,raw_eager",
         "--out",
         str(tmp_path),
     ]
@@ -34,7 +34,7 @@ def test_benchmark_runs_tiny_and_writes_results(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "benchmark.json").read_text())
     for workload in ("gpt", "cnn"):
-        for mode in ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "raw_ort"):
+        for mode in ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "raw_ort", "raw_eager"):
             stats = report["summary"][workload][mode]
             assert "error" not in stats, stats
             assert stats["median_step_s"] > 0 and stats["peak_rss_mb"] > 0 and stats["faults_per_step"] >= 0
@@ -57,6 +57,7 @@ def test_lightning_overhead_runs_tiny() -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"the strategy and Lightning add -?\d+\.\d+ ms per step", result.stdout)
+    assert re.search(r"Lightning's own loop costs -?\d+\.\d+ ms of it, the strategy -?\d+\.\d+ ms", result.stdout)
     assert re.search(r"\| mlp \| .* \| [+-]\d+\.\d%", result.stdout)
 
 
