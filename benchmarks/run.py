@@ -206,6 +206,8 @@ def main() -> None:
     print(table)
     if _chart(summary, modes, args.out / "benchmark.png"):
         print(f"chart: {args.out / 'benchmark.png'}")
+    else:
+        print("no chart: matplotlib is not installed (pip install 'lightning-ort[bench]')")
     print(f"results: {args.out / 'benchmark.json'}")
 
 

@@ -39,6 +39,7 @@ def test_benchmark_runs_tiny_and_writes_results(tmp_path: Path) -> None:
             assert "error" not in stats, stats
             assert stats["median_step_s"] > 0 and stats["peak_rss_mb"] > 0 and stats["faults_per_step"] >= 0
     assert "| gpt |" in (tmp_path / "benchmark.md").read_text()
+    assert (tmp_path / "benchmark.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_operator_profile_runs_tiny() -> None:
