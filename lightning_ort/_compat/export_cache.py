@@ -19,8 +19,8 @@ What the key cannot see is state a ``forward`` reads from elsewhere (environment
 set at run time); such models must not use the cache. Graphs with custom autograd.Functions
 (PythonOp nodes) are never cached, and an export that lightning_ort refuses is removed from it.
 What the export's trace recorded (module attributes read, BatchNorm calls per forward) is kept with
-the graph (``trace_record.py``) and taken over when it is reused; an entry whose recorded attribute
-values differ from the module's is exported anew.
+the graph (``trace_record.py``) and taken over when it is reused. A key holds up to
+``_ENTRIES_PER_KEY`` graphs, one per set of recorded values; none that fits the module's: a new export.
 """
 
 from __future__ import annotations
@@ -50,7 +50,11 @@ _LIBRARY_ROOTS = tuple(
     {os.path.realpath(path) + os.sep for path in (sys.prefix, sys.base_prefix, *sysconfig.get_paths().values())}
 )
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
-_MODULE_INTERNALS = {"_parameters", "_buffers", "_modules", "training"}
+# ORT's flattened module keeps the output structure of its last export in `_output_schema`: not
+# something an export depends on, and keyed it gave a module's first export and its later ones
+# (eval after train, a re-export) different keys depending on what ran before in the process.
+_MODULE_INTERNALS = {"_parameters", "_buffers", "_modules", "training", "_output_schema"}
+_ENTRIES_PER_KEY = 8
 
 
 class _Uncacheable(Exception):
@@ -152,6 +156,13 @@ def cache_directory(
     return directory
 
 
+def _remove(entry: Path) -> None:
+    """Remove a cache entry, and its key's directory once no entry is left."""
+    shutil.rmtree(entry, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        entry.parent.rmdir()
+
+
 def _has_python_ops(model: onnx.ModelProto) -> bool:
     return any(node.op_type in ("PythonOp", "PythonOpGrad") for node in model.graph.node)
 
@@ -172,36 +183,48 @@ def export_cache(directory: Path | None, logger: logging.Logger) -> Iterator[lis
     try:
         yield results
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)  # refused or failed: never reuse it
+        _remove(directory)  # refused or failed: never reuse it
         raise
     finally:
         logger.removeFilter(quiet)
     if results and _has_python_ops(results[0][0]):
-        shutil.rmtree(directory, ignore_errors=True)
+        _remove(directory)
     elif quiet.hit or existing:
         log.info("lightning_ort: reused the cached ONNX export in %s", directory)
     else:
         log.info("lightning_ort: cached the ONNX export in %s", directory)
 
 
-def reuse_trace_record(directory: Path, module: torch.nn.Module) -> bool:
-    """Before ORT's export of ``module``: whether ``directory`` holds a graph ORT will reuse, with
-    what its trace recorded now taken over; an entry whose record does not fit is removed first."""
-    if not any(directory.glob("*.onnx")):
-        return False
-    problem = trace_record.restore(directory, module)
-    if problem is None:
-        return True
-    log.info("lightning_ort: not reusing the cached ONNX export in %s: %s", directory, problem)
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True, exist_ok=True)
-    return False
+def cache_entry(directory: Path, module: torch.nn.Module) -> tuple[Path, bool]:
+    """Before ORT's export of ``module``: the entry of the key ``directory`` ORT should use, and whether
+    it holds a graph ORT will reuse (its trace record then taken over).
+
+    One key holds a graph per set of values the forward read (a temperature that changes during a
+    run gives a second graph under the same key), so each entry is tried in turn; none fits: a new one.
+    """
+    entries = sorted((path for path in directory.iterdir() if path.is_dir()), key=lambda path: path.stat().st_mtime)
+    for entry in entries:
+        if not any(entry.glob("*.onnx")):
+            shutil.rmtree(entry, ignore_errors=True)  # an export that never finished
+            continue
+        problem = trace_record.restore(entry, module)
+        if problem is None:
+            entry.touch()
+            return entry, True
+        log.info("lightning_ort: the cached ONNX export in %s does not fit: %s", entry, problem)
+    kept = [entry for entry in entries if entry.exists()]
+    for entry in kept[: max(0, len(kept) - _ENTRIES_PER_KEY + 1)]:
+        shutil.rmtree(entry, ignore_errors=True)
+    number = max((int(entry.name) for entry in kept if entry.name.isdigit()), default=-1) + 1
+    fresh = directory / str(number)
+    fresh.mkdir(parents=True, exist_ok=True)
+    return fresh, False
 
 
-def keep_trace_record(directory: Path, module: torch.nn.Module) -> None:
-    """After a new export of ``module`` that ``directory`` now caches: keep what its trace recorded."""
-    if any(directory.glob("*.onnx")):
-        trace_record.save(directory, module)
+def keep_trace_record(entry: Path, module: torch.nn.Module) -> None:
+    """After a new export of ``module`` that ``entry`` now caches: keep what its trace recorded."""
+    if any(entry.glob("*.onnx")):
+        trace_record.save(entry, module)
 
 
 class _CachedModelNote(logging.Filter):

@@ -13,7 +13,7 @@ from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort._compat.channels_last import to_channels_last
 from lightning_ort._compat.concat_fills import pad_constant_fills
 from lightning_ort._compat.dim_names import sanitize_dim_names
-from lightning_ort._compat.export_cache import cache_directory, export_cache, keep_trace_record, reuse_trace_record
+from lightning_ort._compat.export_cache import cache_directory, cache_entry, export_cache, keep_trace_record
 from lightning_ort._compat.export_guard import guarded_export
 from lightning_ort._compat.gradient_overloads import choose_overloads
 from lightning_ort._compat.gradient_paths import without_gradient_paths
@@ -63,7 +63,9 @@ def _wrap_export() -> None:
                 rewrites,
                 kwargs["enable_custom_autograd_function"],
             )
-        reused = directory is not None and reuse_trace_record(directory, module)
+        reused = False
+        if directory is not None:
+            directory, reused = cache_entry(directory, module)
         # never ORT's own cache (ORTMODULE_CACHE_DIR), keyed only by the printed module structure
         kwargs["ortmodule_cache_dir"] = str(directory) if directory is not None else ""
         with (
