@@ -12,9 +12,11 @@ comparisons, indices, random draws, ``detach``); where ORT knows of more, it sti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx
 
-from lightning_ort._compat.gradient_overloads import carries_gradient
+from lightning_ort._compat.gradient_overloads import NON_DIFFERENTIABLE, carries_gradient
 from lightning_ort._compat.onnx_rewrite import has_subgraphs
 
 
@@ -28,3 +30,15 @@ def without_gradient_paths(model: onnx.ModelProto, names: list[str]) -> list[str
         if carries_gradient(node) and any(name in live for name in node.output):
             live.update(node.input)
     return [name for name in names if name not in live]
+
+
+def nodes_on_gradient_paths(model: onnx.ModelProto, names: list[str]) -> Iterator[tuple[onnx.NodeProto, set[str]]]:
+    """The nodes that take a value computed from the graph inputs ``names`` (inputs that require grad),
+    in graph order, each with the set of such values known at that node."""
+    reachable = set(names)
+    for node in model.graph.node:  # ONNX nodes are topologically sorted
+        if not any(name in reachable for name in node.input):
+            continue
+        yield node, reachable
+        if node.op_type not in NON_DIFFERENTIABLE:
+            reachable.update(node.output)

@@ -21,6 +21,7 @@ from lightning_ort._compat.losses import add_log_prob_outputs
 from lightning_ort._compat.memory_arena import arena_scope
 from lightning_ort._compat.mha_export import dynamic_attention_shapes
 from lightning_ort._compat.op_rewrites import rewritten_symbolics
+from lightning_ort._compat.recurrent_weights import check_recurrent_weights
 from lightning_ort._compat.sequences import check_sequences
 from lightning_ort._compat.unbind import fuse_unbinds
 from lightning_ort._compat.upsample import exact_upsampling
@@ -108,6 +109,7 @@ def _prepare_graph_builder_input() -> None:
         ]
         check_batch_norm_order(model)
         check_sequences(model, list(info.onnx_graph_input_names_require_grad))
+        check_recurrent_weights(model, list(info.onnx_graph_input_names_require_grad))
         if getattr(self, CHANNELS_LAST_ATTR, False):
             to_channels_last(model)
         if getattr(self, UNBIND_ATTR, False):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import onnx
 
-from lightning_ort._compat.gradient_overloads import NON_DIFFERENTIABLE
+from lightning_ort._compat.gradient_paths import nodes_on_gradient_paths
 from lightning_ort.errors import ORTUnsupportedModelError
 
 # sequence ops a gradient would have to pass through (a sequence's length carries none)
@@ -22,10 +22,7 @@ _SEQUENCE_OPS = frozenset(
 
 def check_sequences(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> None:
     """Raise if a value computed from a graph input that requires grad goes into a sequence op."""
-    reachable = set(inputs_requiring_grad)
-    for node in model.graph.node:  # ONNX nodes are topologically sorted
-        if not any(name in reachable for name in node.input):
-            continue
+    for node, _ in nodes_on_gradient_paths(model, inputs_requiring_grad):
         if node.op_type in _SEQUENCE_OPS and node.domain in ("", "ai.onnx"):
             raise ORTUnsupportedModelError(
                 f"its graph passes values that need gradients through an ONNX sequence ({node.op_type} node "
@@ -34,5 +31,3 @@ def check_sequences(model: onnx.ModelProto, inputs_requiring_grad: list[str]) ->
                 "gradients out. Fix: split with slices, Tensor.split or Tensor.chunk, or keep that module out of ORT "
                 "with ORTStrategy(modules=[...])"
             )
-        if node.op_type not in NON_DIFFERENTIABLE:
-            reachable.update(node.output)
