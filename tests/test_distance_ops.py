@@ -1,5 +1,5 @@
-"""torch.cdist and F.pairwise_distance train in ORT like eager (distances.py): torch's export had NaN
-forwards for p != 2 and NaN gradients at a zero distance."""
+"""torch.cdist, F.pairwise_distance and F.cosine_similarity train in ORT like eager (distances.py):
+torch's export had NaN forwards for p != 2 and NaN gradients at a zero distance or a zero vector."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "cdist-x2-detached": lambda h: _scaled(h, torch.cdist(h, h.detach() + 1, p=1.0)),
     "pairwise-distance-p1": lambda h: h * F.pairwise_distance(h, h.flip(1) + 0.5, p=1.0).unsqueeze(-1),
     "pairwise-distance-p3-keepdim": lambda h: h * F.pairwise_distance(h, -h, p=3.0, keepdim=True),
+    # positions whose first feature is <= 0 compared with a zero vector (masked padding)
+    "cosine-zero-vectors": lambda h: h * F.cosine_similarity(h, h.flip(1) * (h[..., :1] > 0), dim=-1).unsqueeze(-1),
+    "cosine-broadcast": lambda h: h * F.cosine_similarity(h, h.mean(1, keepdim=True), dim=-1).unsqueeze(-1),
+    "cosine-over-positions-x2-detached": lambda h: h * F.cosine_similarity(h, h.detach().flip(1), dim=1).unsqueeze(1),
 }
 
 

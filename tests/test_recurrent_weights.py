@@ -46,9 +46,18 @@ def test_frozen_recurrent_weights_after_trained_layers_fall_back_with_the_reason
     assert_states_match(eager, ort)
 
 
+def _freeze_biases(rnn: nn.Module) -> None:
+    rnn.bias_ih_l0.requires_grad_(False)
+    rnn.bias_hh_l0.requires_grad_(False)
+
+
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
-def test_frozen_recurrent_layer_with_no_gradient_through_it_still_trains_in_ort(cell: str) -> None:
-    make = lambda: Tagger(cell, FREEZES["whole-layer"], input_trained=False)  # noqa: E731
+@pytest.mark.parametrize("case", ["no-gradient-through-it", "frozen-biases"])
+def test_frozen_recurrent_layers_ort_can_train_still_train_in_ort(cell: str, case: str) -> None:
+    if case == "frozen-biases":
+        make = lambda: Tagger(cell, _freeze_biases)  # noqa: E731
+    else:
+        make = lambda: Tagger(cell, FREEZES["whole-layer"], input_trained=False)  # noqa: E731
     eager, ort = fit_both(make, varying_sequences, STEPS)
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)

@@ -3,9 +3,10 @@
 torch exports ``torch.cdist`` with ``p != 2`` (and small inputs with ``p == 2``) and
 ``F.pairwise_distance`` as ``pow(sum(pow(x1 - x2, p)), 1/p)`` without the absolute value: NaN for
 odd or fractional ``p`` from the first step, a constant for ``p=inf``. ``cdist`` with ``p == 2``
-(the matrix product form) has a NaN gradient at an exact zero distance, where eager's is 0. Both
-trained silently wrong. They are exported as ATen nodes running torch's operators, with eager
-autograd's gradients (``csrc/distance_ops.cc``).
+(the matrix product form) has a NaN gradient at an exact zero distance, where eager's is 0, and
+``F.cosine_similarity`` (``sqrt`` of the product of squared norms, clamped) a NaN gradient where a
+vector is all zeros (masked padding), where eager's is finite. All trained silently wrong. They
+are exported as ATen nodes running torch's operators, with eager autograd's gradients (``csrc/distance_ops.cc``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from lightning_ort._compat.torch_kernels import ATEN, constant
 
 _CDIST = "lightning_ort::cdist"
 _PAIRWISE = "lightning_ort::pairwise_distance"
+_COSINE = "lightning_ort::cosine_similarity"
 
 
 def _cdist(g: Any, x1: Any, x2: Any, p: Any = 2.0, compute_mode: Any = None) -> Any:
@@ -53,12 +55,26 @@ def _pairwise_distance(g: Any, x1: Any, x2: Any, p: Any, eps: Any, keepdim: Any)
     return output
 
 
+def _cosine_similarity(g: Any, x1: Any, x2: Any, dim: Any, eps: Any) -> Any:
+    constants = [symbolic_helper._maybe_get_const(dim, "i"), symbolic_helper._maybe_get_const(eps, "f")]
+    ranks = [symbolic_helper._get_tensor_rank(value) for value in (x1, x2)]
+    if any(symbolic_helper._is_value(value) for value in constants) or None in ranks:
+        return symbolic_opset9.cosine_similarity(g, x1, x2, dim, eps)
+    reduced, epsilon = constants
+    arguments = (constant(g, int(reduced), torch.int64), constant(g, float(epsilon), torch.float32))
+    output = g.op(ATEN, x1, x2, *arguments, operator_s=_COSINE)
+    output.setType(x1.type().with_sizes([None] * (max(ranks) - 1)))  # broadcast inputs, `dim` reduced
+    return output
+
+
 def register() -> None:
     """Register the symbolics and gradients with ORT's registries (process-wide)."""
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
 
     CustomOpSymbolicRegistry.register("cdist", "", _cdist)
     CustomOpSymbolicRegistry.register("pairwise_distance", "", _pairwise_distance)
+    CustomOpSymbolicRegistry.register("cosine_similarity", "", _cosine_similarity)
     register_gradient(_CDIST, f"{_CDIST}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"], ["GI(0)", "GI(1)"])
     register_gradient(_PAIRWISE, f"{_PAIRWISE}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)", "I(4)"],
                       ["GI(0)", "GI(1)"])  # fmt: skip
+    register_gradient(_COSINE, f"{_COSINE}_backward", ["GO(0)", "I(0)", "I(1)", "I(2)", "I(3)"], ["GI(0)", "GI(1)"])

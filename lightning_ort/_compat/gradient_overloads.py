@@ -41,6 +41,7 @@ OPERATORS = {
     "lightning_ort::einsum2": ("self", "other"),
     "lightning_ort::cdist": ("x1", "x2"),
     "lightning_ort::pairwise_distance": ("x1", "x2"),
+    "lightning_ort::cosine_similarity": ("x1", "x2"),
     "lightning_ort::grid_sample": ("input", "grid"),
     "lightning_ort::pow": ("self", "exponent"),
 }

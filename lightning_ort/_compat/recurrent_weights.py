@@ -5,7 +5,7 @@ with its own kernels. When a gradient passes through such a node (its input come
 layers) but one of its weights (``W``, ``R``, ``B``) needs none (a frozen pretrained recurrent layer
 under a trained embedding: ``BaseFinetuning.freeze(rnn)``, ``rnn.weight_ih_l0.requires_grad_(False)``),
 ORT 1.19.2's backward crashes the whole process (SIGSEGV). Such graphs are refused, and the module
-trains in PyTorch.
+trains in PyTorch. Frozen biases alone (``B``) are fine.
 """
 
 from __future__ import annotations
@@ -16,19 +16,15 @@ from lightning_ort._compat.gradient_paths import nodes_on_gradient_paths
 from lightning_ort.errors import ORTUnsupportedModelError
 
 _RECURRENT_OPS = frozenset({"LSTM", "GRU"})
-_WEIGHTS = {1: "W", 2: "R", 3: "B"}  # input positions of ONNX's LSTM and GRU
+_WEIGHTS = {1: "W", 2: "R"}  # input positions of ONNX's LSTM and GRU
 
 
 def check_recurrent_weights(model: onnx.ModelProto, inputs_requiring_grad: list[str]) -> None:
-    """Raise if an LSTM or GRU node on a gradient path has a weight input that needs no gradient."""
+    """Raise if an LSTM or GRU node on a gradient path has a weight matrix that needs no gradient."""
     for node, reachable in nodes_on_gradient_paths(model, inputs_requiring_grad):
         if node.op_type not in _RECURRENT_OPS or node.domain not in ("", "ai.onnx"):
             continue
-        frozen = [
-            name for index, name in _WEIGHTS.items() if index < len(node.input) and node.input[index] not in reachable
-        ]
-        if node.input[3:4] == [""]:
-            frozen.remove("B")  # no biases
+        frozen = [name for index, name in _WEIGHTS.items() if node.input[index] not in reachable]
         if frozen:
             raise ORTUnsupportedModelError(
                 f"an nn.{node.op_type} in its graph ({node.name or node.output[0]}) passes gradients on while its "

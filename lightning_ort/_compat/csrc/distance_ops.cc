@@ -1,5 +1,5 @@
-// Distances torch exports as formulas ORT computes wrongly (distances.py): torch.cdist and
-// F.pairwise_distance on torch's kernels, with eager autograd's own gradients (autograd_vjp.h: zero
+// Distances torch exports as formulas ORT computes wrongly (distances.py): torch.cdist,
+// F.pairwise_distance and F.cosine_similarity on torch's kernels, with eager autograd's own gradients (autograd_vjp.h: zero
 // at a zero distance, as in eager). One overload per set of gradients a node needs
 // (gradient_overloads.py): the plain name needs both, `.x1` and `.x2` one.
 
@@ -46,6 +46,20 @@ Pair pairwise_distance_backward(const at::Tensor& grad, const at::Tensor& x1, co
   return {grads[0], grads[1]};
 }
 
+at::Tensor cosine_similarity(const at::Tensor& x1, const at::Tensor& x2, int64_t dim, double eps) {
+  return at::cosine_similarity(x1, x2, dim, eps);
+}
+
+template <bool kX1, bool kX2>
+Pair cosine_similarity_backward(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2, int64_t dim,
+                                double eps) {
+  auto forward = [dim, eps](const std::vector<at::Tensor>& inputs) {
+    return at::cosine_similarity(inputs[0], inputs[1], dim, eps);
+  };
+  auto grads = vjp(forward, {x1, x2}, {kX1, kX2}, grad);
+  return {grads[0], grads[1]};
+}
+
 }  // namespace
 
 #define CDIST "(Tensor x1, Tensor x2, float p, int compute_mode) -> Tensor"
@@ -53,11 +67,15 @@ Pair pairwise_distance_backward(const at::Tensor& grad, const at::Tensor& x1, co
 #define PAIRWISE "(Tensor x1, Tensor x2, float p, float eps, bool keepdim) -> Tensor"
 #define PAIRWISE_BACKWARD \
   "(Tensor grad, Tensor x1, Tensor x2, float p, float eps, bool keepdim) -> (Tensor, Tensor)"
+#define COSINE "(Tensor x1, Tensor x2, int dim, float eps) -> Tensor"
+#define COSINE_BACKWARD "(Tensor grad, Tensor x1, Tensor x2, int dim, float eps) -> (Tensor, Tensor)"
 #define DEFINE_DISTANCE_OVERLOAD(overload, x1, x2)                                                       \
   m.def("cdist" overload CDIST, &cdist);                                                                 \
   m.def("cdist_backward" overload CDIST_BACKWARD, &cdist_backward<x1, x2>);                             \
   m.def("pairwise_distance" overload PAIRWISE, &pairwise_distance);                                      \
-  m.def("pairwise_distance_backward" overload PAIRWISE_BACKWARD, &pairwise_distance_backward<x1, x2>);
+  m.def("pairwise_distance_backward" overload PAIRWISE_BACKWARD, &pairwise_distance_backward<x1, x2>); \
+  m.def("cosine_similarity" overload COSINE, &cosine_similarity);                                        \
+  m.def("cosine_similarity_backward" overload COSINE_BACKWARD, &cosine_similarity_backward<x1, x2>);
 
 TORCH_LIBRARY_FRAGMENT(lightning_ort, m) {
   DEFINE_DISTANCE_OVERLOAD("", true, true)
