@@ -106,7 +106,7 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
             and name in original(self, "__dict__")
             and name not in trace_checks.hooked_weight_names(self)
         ):
-            _add(reads.tensors.setdefault((id(self), name), []), (id(value), value._version))
+            _add(reads.tensors.setdefault((id(self), name), []), (id(value), trace_checks.tensor_version(value)))
         elif isinstance(value, (AttributeDict, Trainer)):
             # the name the user reads it by (hparams, trainer) over the one its property reads (_hparams)
             if reads.watched.get(id(value), ("", "_"))[1].startswith("_"):
@@ -355,7 +355,7 @@ def changed_read(module: torch.nn.Module) -> str | None:
         if module is None:
             continue
         current = getattr(module, name, None)
-        state = (id(current), current._version) if isinstance(current, torch.Tensor) else None
+        state = (id(current), trace_checks.tensor_version(current)) if isinstance(current, torch.Tensor) else None
         if any(state != tensor for tensor in tensors):
             return (
                 f"its forward reads the plain tensor attribute {path}.{name}, which changed after ORT exported "
@@ -450,7 +450,7 @@ def from_record(
         if owner is None or type(vars(owner)[name]) is not torch.Tensor:
             return f"{path}.{name} is not the plain tensor attribute the cached graph read"
         tensor = vars(owner)[name]
-        tensors[(id(owner), name)] = [(id(tensor), tensor._version)]
+        tensors[(id(owner), name)] = [(id(tensor), trace_checks.tensor_version(tensor))]
     _add_modules(reads, modules)
     reads.numbers.update(numbers)
     reads.items.update(items)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lightning_ort._compat.trace_checks import hooked_weight_names
+from lightning_ort._compat.trace_checks import hooked_weight_names, tensor_version
 
 _PLAIN = (bool, int, float, str, type(None))
 _CONTAINERS = (list, tuple, dict)
@@ -80,7 +80,7 @@ class PythonState:
         self._tensors_before = self.tensors()
         # values of the plain tensors, to undo in-place changes (a torchmetrics state's ``+=``)
         self._values = {
-            key: (tensor, tensor._version, tensor.detach().clone())
+            key: (tensor, tensor_version(tensor), tensor.detach().clone())
             for key, tensor in self._tensors_before.items()
             if tensor.numel() <= _MAX_COPIED
         }
@@ -145,7 +145,8 @@ class PythonState:
             elif isinstance(value, dict):
                 value.clear()
                 value.update(contents)
-        with torch.no_grad():
-            for tensor, version, value in self._values.values():
-                if tensor._version != version:
+        for tensor, version, value in self._values.values():
+            if tensor_version(tensor) != version:
+                # an inference tensor can be written only in inference mode
+                with torch.inference_mode() if tensor.is_inference() else torch.no_grad():
                     tensor.copy_(value)

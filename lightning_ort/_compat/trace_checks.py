@@ -177,6 +177,15 @@ def refresh_hooked_weights(modules: list[torch.nn.Module]) -> None:
                     hook(module, ())
 
 
+def tensor_version(tensor: torch.Tensor) -> int | bytes:
+    """What changes when ``tensor`` is changed in place: its version counter, or the bytes of an inference
+    tensor, which has none (made under ``torch.inference_mode``: torchmetrics states updated in a
+    ``Trainer.validate`` or ``predict``)."""
+    if tensor.is_inference():
+        return tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return tensor._version
+
+
 def parameter_versions(module: torch.nn.Module) -> dict[str, int]:
     """Every parameter's in-place modification counter."""
     return {name: parameter._version for name, parameter in module.named_parameters()}
