@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
-from lightning_ort._compat import tensor_splits
+from lightning_ort._compat import bilinear, tensor_splits
 from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
 from lightning_ort._compat.grad_regions import GradRegions
 from lightning_ort._compat.value_traces import value_trace
@@ -321,6 +321,7 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
         tracing = torch.jit.is_tracing()
         if tracing:
             func, args, kwargs = tensor_splits.traced_form(func, args, kwargs)
+            func, args, kwargs = bilinear.traced_form(func, args, kwargs)
         sized = tracing and _gives_size_tensor(func, args, kwargs)
         if sized:
             _note(self.size_tensors, self.locate())
