@@ -241,6 +241,19 @@ class BufferWriter(MLP):
         return self.head(self.counter(self.body(x)))
 
 
+class BufferCopier(MLP):
+    """A forward that writes a running mean with ``buffer.copy_(...)``, which torch cannot export at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("running", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        self.running.copy_(0.9 * self.running + 0.1 * logits.detach().mean(0))
+        return logits - self.running
+
+
 class DetachModel(MLP):
     """Stop-gradients through ``.detach()``: a straight-through rounding and a detached target."""
 

@@ -20,6 +20,7 @@ from models import (
     CNN,
     MLP,
     BackwardHooked,
+    BufferCopier,
     BufferReplacer,
     BufferWriter,
     DataDependent,
@@ -47,6 +48,7 @@ CASES = [
     (STEModel, "custom torch.autograd.Function(s) models.StraightThrough"),
     (DataDependent, "control flow or values that depend on tensor data"),
     (BufferWriter, "updates buffer(s) counter.calls in place"),
+    (BufferCopier, "updates buffer(s) running in place"),
     (NoGradInForward, "its forward turns gradients off (torch.no_grad() at"),
     (GradSwitchedOff, "its forward turns gradients off with set_grad_enabled(False) or inference_mode at"),
     (PythonCounter, "its forward changes Python attribute(s) self.calls"),
@@ -62,8 +64,8 @@ CASES = [
     (StoredAuxLoss, "its forward stores tensor(s) self.aux_loss"),
 ]
 IDS = [
-    "autograd_function", "data_dependent", "buffer_write", "no_grad", "grad_switched_off", "python_state",
-    "shape_loop", "buffer_replaced", "max_norm", "sparse_embedding", "forward_hook", "in_place_input",
+    "autograd_function", "data_dependent", "buffer_write", "buffer_copy", "no_grad", "grad_switched_off",
+    "python_state", "shape_loop", "buffer_replaced", "max_norm", "sparse_embedding", "forward_hook", "in_place_input",
     "backward_hook", "tensor_hook", "requires_grad_branch", "stored_tensor",
 ]  # fmt: skip
 

@@ -409,6 +409,23 @@ def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iter
         changed[:] = [name.removeprefix("_original_module.") for name in changed if id(by_name[name]) not in handled]
 
 
+def _written_buffers(module: torch.nn.Module, versions: dict[str, int]) -> list[str]:
+    """The buffers other than normalization statistics written in place since ``versions`` were taken."""
+    handled, _ = _batch_norm_state(module)
+    return [
+        name.removeprefix("_original_module.")
+        for name, buffer in module.named_buffers()
+        if name in versions and buffer._version != versions[name] and id(buffer) not in handled
+    ]
+
+
+def _buffer_updates(mutated: list[str]) -> str:
+    return (
+        f"its forward updates buffer(s) {', '.join(mutated)} in place; an ONNX graph cannot write to "
+        "buffers, so they would silently stop changing under ORT"
+    )
+
+
 def user_modules(module: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, str]]:
     """The user's modules under ORT's flattened ``module`` (the adapter's owner included), by id, with
     the names the user knows them by."""
@@ -503,6 +520,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
     with contextlib.ExitStack() as stack:
         stack.enter_context(_random_states_kept())
         stack.enter_context(exporting(module))
+        buffers_before = {name: buffer._version for name, buffer in module.named_buffers()}
         mutated, replaced = stack.enter_context(_preserved_buffers(module, exported))
         stack.enter_context(_traced_batch_norm_calls(module, exported))
         reads = python_reads.reads_of(adapter_of(module))
@@ -532,6 +550,10 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
                 # ORT's own message blames export in general; fallback reports show the root cause only.
                 log.debug("ORT's export of a reentrant checkpoint failed", exc_info=error)
                 raise ORTUnsupportedModelError(_REENTRANT_CHECKPOINT) from None
+            written = _written_buffers(module, buffers_before)
+            if written:  # its update (buffer.copy_(...)) is what torch failed to export
+                log.debug("ORT's export of an in-place buffer update failed", exc_info=error)
+                raise ORTUnsupportedModelError(_buffer_updates(written)) from None
             raise
     for record in records:
         # The exporter's own deprecation and graph-rewrite notes are about ORT's export call, not the user's code.
@@ -583,10 +605,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
             "and would never run that code again"
         )
     if mutated:
-        raise ORTUnsupportedModelError(
-            f"its forward updates buffer(s) {', '.join(mutated)} in place; an ONNX graph cannot write to "
-            "buffers, so they would silently stop changing under ORT"
-        )
+        raise ORTUnsupportedModelError(_buffer_updates(mutated))
     if replaced:
         raise ORTUnsupportedModelError(
             f"its forward assigns new tensors to buffer(s) {', '.join(replaced)} (self.buffer = ...); an ONNX graph "
