@@ -64,6 +64,10 @@ IMAGE_MODELS: dict[str, Callable[[], Base]] = {
     ),
     "group-norm-plain": lambda: ImageNet(nn.GroupNorm(4, 8, affine=False)),
     "group-norm-plain-one-group": lambda: ImageNet(nn.GroupNorm(1, 8, eps=1e-3, affine=False)),
+    # scaled by a 0-d tensor, the export no longer knows the channels torch's BatchNorm export needs without weights
+    "batch-norm-plain-after-scaling": lambda: ImageNet(
+        nn.Sequential(Lambda(lambda h: h * (h.detach().abs().mean() + 0.5)), nn.BatchNorm2d(8, affine=False))
+    ),
     "adaptive-max-pool": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool2d(h, (3, 2)))),
     "adaptive-max-pool-1d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool1d(h.flatten(2), 5))),
     "adaptive-max-pool-3d": lambda: ImageNet(Lambda(lambda h: F.adaptive_max_pool3d(h.unsqueeze(2), (1, 2, 3)))),

@@ -21,7 +21,7 @@ import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset14
 
 from lightning_ort._compat.gradient_overloads import register_gradient
-from lightning_ort._compat.layers import batch_statistics_norm
+from lightning_ort._compat.layers import batch_statistics_norm, filled_like
 from lightning_ort._compat.torch_kernels import ATEN
 
 _BATCH_NORM = "lightning_ort::batch_norm"
@@ -48,6 +48,12 @@ def batch_norm_symbolic(
         return symbolic_opset14.batch_norm(
             g, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled
         )
+    # affine=False: torch's helper makes ones and zeros of the input's channel count, which the export
+    # does not always know (after a product with a 0-d tensor, a roll); the statistics' size it does
+    if symbolic_helper._is_none(weight):
+        weight = filled_like(g, running_mean, 1.0)
+    if symbolic_helper._is_none(bias):
+        bias = filled_like(g, running_mean, 0.0)
     weight, bias, running_mean, running_var = symbolic_helper._batchnorm_helper(
         g, input, weight, bias, running_mean, running_var
     )

@@ -100,7 +100,7 @@ def _adaptive_max_pool(dims: int) -> Any:
     return symbolic
 
 
-def _filled_like(g: Any, value: Any, fill: float) -> Any:
+def filled_like(g: Any, value: Any, fill: float) -> Any:
     """A tensor of ``value``'s shape and type holding ``fill``, needing no gradient.
 
     ``F.group_norm`` with a weight but no bias is the affine form with zeros in its place (and the
@@ -122,9 +122,9 @@ def _group_norm(ort_export: Any) -> Any:
             arguments = (constant(g, int(groups), torch.int64), constant(g, float(epsilon), torch.float32))
             return aten_like(g, "lightning_ort::group_norm", input, *arguments)
         if symbolic_helper._is_none(weight):
-            weight = _filled_like(g, bias, 1.0)
+            weight = filled_like(g, bias, 1.0)
         elif symbolic_helper._is_none(bias):
-            bias = _filled_like(g, weight, 0.0)
+            bias = filled_like(g, weight, 0.0)
         # ORT's arguments for native_group_norm, on lightning_ort's operator
         shape = g.op("Shape", input)
         batch, channels = (g.op("Gather", shape, constant(g, index, torch.int64), axis_i=0) for index in (0, 1))
