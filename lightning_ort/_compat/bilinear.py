@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-Call = tuple[Any, tuple[Any, ...], dict[str, Any]]  # a function, its positional and keyword arguments
+from lightning_ort._compat.tensor_splits import Call
+
 _ARGUMENTS = ("input1", "input2", "weight", "bias")
 
 

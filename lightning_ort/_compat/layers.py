@@ -105,6 +105,7 @@ def filled_like(g: Any, value: Any, fill: float) -> Any:
 
     ``F.group_norm`` with a weight but no bias is the affine form with zeros in its place (and the
     reverse, which eager's backward cannot run, with ones): torch's kernel computes the same values.
+    BatchNorm without affine parameters takes them of its running statistics' size (batchnorm.py).
     """
     scalar = _type_utils.JitScalarType.from_value(value, _type_utils.JitScalarType.FLOAT)
     filled = g.op("ConstantOfShape", g.op("Shape", value), value_t=torch.tensor([fill], dtype=scalar.dtype()))

@@ -2,7 +2,7 @@
 
 torch exports ``nn.LSTM`` and ``nn.GRU`` as ONNX ``LSTM``/``GRU`` nodes, which ORT differentiates
 with its own kernels. When a gradient passes through such a node (its input comes from trained
-layers) but one of its weights (``W``, ``R``, ``B``) needs none (a frozen pretrained recurrent layer
+layers) but one of its weight matrices (``W``, ``R``) needs none (a frozen pretrained recurrent layer
 under a trained embedding: ``BaseFinetuning.freeze(rnn)``, ``rnn.weight_ih_l0.requires_grad_(False)``),
 ORT 1.19.2's backward crashes the whole process (SIGSEGV). Such graphs are refused, and the module
 trains in PyTorch. Frozen biases alone (``B``) are fine.

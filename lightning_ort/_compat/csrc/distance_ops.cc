@@ -1,7 +1,8 @@
 // Distances torch exports as formulas ORT computes wrongly (distances.py): torch.cdist,
-// F.pairwise_distance and F.cosine_similarity on torch's kernels, with eager autograd's own gradients (autograd_vjp.h: zero
-// at a zero distance, as in eager). One overload per set of gradients a node needs
-// (gradient_overloads.py): the plain name needs both, `.x1` and `.x2` one.
+// F.pairwise_distance and F.cosine_similarity on torch's kernels, with eager autograd's own
+// gradients (autograd_vjp.h: zero at a zero distance, finite at a zero vector, as in eager). One
+// overload per set of gradients a node needs (gradient_overloads.py): the plain name needs both,
+// `.x1` and `.x2` one.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
