@@ -7,6 +7,11 @@ LSTM/GRU (which ORT trains), with an ONNX ``Dropout`` between them. A one-layer 
 dropout in eager (torch warns), so its ``dropout`` is dropped. As for every dropout in ORT's graph,
 the masks come from ORT's random generator, not torch's. Packed sequences keep torch's export.
 
+Under bfloat16 or float16 autocast eager runs an LSTM in that type, and the trace records its outputs
+so (nothing casts them before the next layer); torch's export is ONNX's float32 LSTM, and the next
+layer on torch's kernels met a float32 input and bfloat16 weights ("expected m1 and m2 to have the
+same dtype" in backward). The outputs are cast to the traced type.
+
 torch's export warns about batch sizes other than 1 at every LSTM/GRU; the warning concerns initial
 states baked in at the export's batch size, which ORT's export takes from the input's dynamic size,
 so it is silenced here.
@@ -17,7 +22,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torch.onnx._internal.torchscript_exporter import symbolic_helper, symbolic_opset9, symbolic_opset12
+from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset9, symbolic_opset12
+
+_REDUCED = (_type_utils.JitScalarType.BFLOAT16, _type_utils.JitScalarType.HALF)
 
 
 def _state(g: Any, states: Any, start: int, end: int) -> Any:
@@ -74,11 +81,21 @@ def _symbolic(variant: str) -> Any:
         dropout, train = (symbolic_helper._maybe_get_const(value, "f") for value in args[5:7])
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
-            if packed or not (dropout and train):
-                return torch_export(g, *args)
-            return _layers(g, variant, *args)
+            outputs = torch_export(g, *args) if packed or not (dropout and train) else _layers(g, variant, *args)
+        return _in_traced_types(g, outputs)
 
     return symbolic
+
+
+def _in_traced_types(g: Any, outputs: Any) -> Any:
+    """The outputs cast to the reduced precision the trace recorded for them (autocast), if it did."""
+    cast = []
+    for value, traced in zip(outputs, g.original_node.outputs(), strict=False):
+        dtype = _type_utils.JitScalarType.from_value(traced, _type_utils.JitScalarType.UNDEFINED)
+        if dtype in _REDUCED and _type_utils.JitScalarType.from_value(value, dtype) != dtype:
+            value = g.op("Cast", value, to_i=dtype.onnx_type())
+        cast.append(value)
+    return tuple(cast)
 
 
 def register() -> None:
