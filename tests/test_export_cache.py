@@ -231,3 +231,21 @@ def test_off_by_default_and_validated(cache_dir: Path) -> None:
     assert not cache_dir.exists()
     with pytest.raises(TypeError, match=r"export_cache='yes'.*True or False"):
         lightning_ort.ORTStrategy(export_cache="yes")  # type: ignore[arg-type]
+
+
+def test_an_entry_another_process_is_exporting_into_is_left_alone(cache_dir: Path, exports: list[Any]) -> None:
+    """DDP: every process exports the same model at once; one must not delete the entry another is
+    still writing (no graph in it yet), which would fail that process's export."""
+    torch.manual_seed(0)
+    model = MLP()
+    twin = copy.deepcopy(model)
+    _fit(model)
+    (key,) = cache_dir.iterdir()
+    (entry,) = key.iterdir()
+    for graph in entry.glob("*.onnx"):
+        graph.unlink()  # as while another process exports into it
+    run = _fit(twin)
+    assert_ort_ran(run, STEPS)
+    assert len(exports) == 2 and entry.is_dir(), "the entry being written was removed"
+    cached = [path for path in key.iterdir() if any(path.glob("*.onnx"))]
+    assert cached and entry not in cached, "the new export went into the entry another process is writing"

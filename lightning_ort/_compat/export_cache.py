@@ -205,17 +205,15 @@ def cache_entry(directory: Path, module: torch.nn.Module) -> tuple[Path, bool]:
     entries = sorted((path for path in directory.iterdir() if path.is_dir()), key=lambda path: path.stat().st_mtime)
     for entry in entries:
         if not any(entry.glob("*.onnx")):
-            shutil.rmtree(entry, ignore_errors=True)  # an export that never finished
-            continue
+            continue  # being exported by another process (DDP), or never finished: evicted with the oldest
         problem = trace_record.restore(entry, module)
         if problem is None:
             entry.touch()
             return entry, True
         log.info("lightning_ort: the cached ONNX export in %s does not fit: %s", entry, problem)
-    kept = [entry for entry in entries if entry.exists()]
-    for entry in kept[: max(0, len(kept) - _ENTRIES_PER_KEY + 1)]:
+    for entry in entries[: max(0, len(entries) - _ENTRIES_PER_KEY + 1)]:
         shutil.rmtree(entry, ignore_errors=True)
-    number = max((int(entry.name) for entry in kept if entry.name.isdigit()), default=-1) + 1
+    number = max((int(entry.name) for entry in entries if entry.name.isdigit()), default=-1) + 1
     fresh = directory / str(number)
     fresh.mkdir(parents=True, exist_ok=True)
     return fresh, False
