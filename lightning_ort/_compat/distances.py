@@ -37,13 +37,20 @@ def _cdist(g: Any, x1: Any, x2: Any, p: Any = 2.0, compute_mode: Any = None) -> 
     return output
 
 
-def _pairwise_distance(g: Any, x1: Any, x2: Any, p: Any, eps: Any, keepdim: Any) -> Any:
-    arguments = ((p, "f"), (eps, "f"), (keepdim, "b"))
+def _known(arguments: tuple[tuple[Any, str], ...], tensors: tuple[Any, ...]) -> tuple[list[Any], list[int]] | None:
+    """The constant ``(value, kind)`` arguments and the tensors' ranks, or None if any is unknown at export."""
     constants = [symbolic_helper._maybe_get_const(value, kind) for value, kind in arguments]
-    ranks = [symbolic_helper._get_tensor_rank(value) for value in (x1, x2)]
+    ranks = [symbolic_helper._get_tensor_rank(value) for value in tensors]
     if any(symbolic_helper._is_value(value) for value in constants) or None in ranks:
+        return None
+    return constants, ranks
+
+
+def _pairwise_distance(g: Any, x1: Any, x2: Any, p: Any, eps: Any, keepdim: Any) -> Any:
+    known = _known(((p, "f"), (eps, "f"), (keepdim, "b")), (x1, x2))
+    if known is None:
         return symbolic_opset9.pairwise_distance(g, x1, x2, p, eps, keepdim)
-    norm, epsilon, keep = constants
+    (norm, epsilon, keep), ranks = known
     floats = (
         constant(g, float(norm), torch.float32),
         constant(g, float(epsilon), torch.float32),
@@ -56,11 +63,10 @@ def _pairwise_distance(g: Any, x1: Any, x2: Any, p: Any, eps: Any, keepdim: Any)
 
 
 def _cosine_similarity(g: Any, x1: Any, x2: Any, dim: Any, eps: Any) -> Any:
-    constants = [symbolic_helper._maybe_get_const(dim, "i"), symbolic_helper._maybe_get_const(eps, "f")]
-    ranks = [symbolic_helper._get_tensor_rank(value) for value in (x1, x2)]
-    if any(symbolic_helper._is_value(value) for value in constants) or None in ranks:
+    known = _known(((dim, "i"), (eps, "f")), (x1, x2))
+    if known is None:
         return symbolic_opset9.cosine_similarity(g, x1, x2, dim, eps)
-    reduced, epsilon = constants
+    (reduced, epsilon), ranks = known
     arguments = (constant(g, int(reduced), torch.int64), constant(g, float(epsilon), torch.float32))
     output = g.op(ATEN, x1, x2, *arguments, operator_s=_COSINE)
     output.setType(x1.type().with_sizes([None] * (max(ranks) - 1)))  # broadcast inputs, `dim` reduced

@@ -11,7 +11,7 @@ import os
 import sys
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,9 +376,12 @@ def _traced_batch_norm_calls(module: torch.nn.Module, exported: _ExportRecord) -
 
 
 @contextlib.contextmanager
-def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iterator[tuple[list[str], list[str]]]:
+def _preserved_buffers(
+    module: torch.nn.Module, exported: _ExportRecord
+) -> Iterator[tuple[list[str], list[str], Callable[[], list[str]]]]:
     """Undo buffer updates made by the forward runs the export does (in place or by assigning a new
-    tensor); list the buffers they changed in place, and those they replaced.
+    tensor); list the buffers they changed in place, and those they replaced. The third item names the
+    buffers written in place so far, for an export that failed before the block ends.
 
     BatchNorm statistics are updated correctly inside the ORT graph (see ``batchnorm.py``); any
     other buffer a forward writes in place would silently stop being updated under ORT.
@@ -389,8 +392,13 @@ def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iter
     versions = [buffer._version for _, buffer, _ in saved]
     changed: list[str] = []
     replaced: list[str] = []
+
+    def written() -> list[str]:
+        pairs = zip(saved, versions, strict=True)
+        return _user_buffers(module, [(name, buffer) for (name, buffer, _), old in pairs if buffer._version != old])
+
     try:
-        yield changed, replaced
+        yield changed, replaced, written
     finally:
         current = dict(module.named_buffers())
         with torch.no_grad():
@@ -403,20 +411,16 @@ def _preserved_buffers(module: torch.nn.Module, exported: _ExportRecord) -> Iter
                     changed.append(name)
                 buffer.copy_(value)
         torch._C._autograd._unsafe_set_version_counter([buffer for _, buffer, _ in saved], versions)
-        handled, _ = _batch_norm_state(module)
         by_name = dict(module.named_buffers())
-        # ORT exports its _FlattenedModule, which holds the user's module as `_original_module`.
-        changed[:] = [name.removeprefix("_original_module.") for name in changed if id(by_name[name]) not in handled]
+        changed[:] = _user_buffers(module, [(name, by_name[name]) for name in changed])
 
 
-def _written_buffers(module: torch.nn.Module, versions: dict[str, int]) -> list[str]:
-    """The buffers other than normalization statistics written in place since ``versions`` were taken."""
+def _user_buffers(module: torch.nn.Module, buffers: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names, as the user knows them, of ``buffers`` other than the BatchNorm statistics lightning_ort
+    keeps in step with eager."""
     handled, _ = _batch_norm_state(module)
-    return [
-        name.removeprefix("_original_module.")
-        for name, buffer in module.named_buffers()
-        if name in versions and buffer._version != versions[name] and id(buffer) not in handled
-    ]
+    # ORT exports its _FlattenedModule, which holds the user's module as `_original_module`.
+    return [name.removeprefix("_original_module.") for name, buffer in buffers if id(buffer) not in handled]
 
 
 def _buffer_updates(mutated: list[str]) -> str:
@@ -520,8 +524,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
     with contextlib.ExitStack() as stack:
         stack.enter_context(_random_states_kept())
         stack.enter_context(exporting(module))
-        buffers_before = {name: buffer._version for name, buffer in module.named_buffers()}
-        mutated, replaced = stack.enter_context(_preserved_buffers(module, exported))
+        mutated, replaced, written_buffers = stack.enter_context(_preserved_buffers(module, exported))
         stack.enter_context(_traced_batch_norm_calls(module, exported))
         reads = python_reads.reads_of(adapter_of(module))
         stack.enter_context(python_reads.recorded_reads(reads, user_modules(module)))
@@ -550,7 +553,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
                 # ORT's own message blames export in general; fallback reports show the root cause only.
                 log.debug("ORT's export of a reentrant checkpoint failed", exc_info=error)
                 raise ORTUnsupportedModelError(_REENTRANT_CHECKPOINT) from None
-            written = _written_buffers(module, buffers_before)
+            written = written_buffers()
             if written:  # its update (buffer.copy_(...)) is what torch failed to export
                 log.debug("ORT's export of an in-place buffer update failed", exc_info=error)
                 raise ORTUnsupportedModelError(_buffer_updates(written)) from None

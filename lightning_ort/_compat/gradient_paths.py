@@ -34,7 +34,10 @@ def without_gradient_paths(model: onnx.ModelProto, names: list[str]) -> list[str
 
 def nodes_on_gradient_paths(model: onnx.ModelProto, names: list[str]) -> Iterator[tuple[onnx.NodeProto, set[str]]]:
     """The nodes that take a value computed from the graph inputs ``names`` (inputs that require grad),
-    in graph order, each with the set of such values known at that node."""
+    in graph order, each with the set of such values known at that node.
+
+    Followed through everything but NON_DIFFERENTIABLE, ``detach`` included (not :func:`carries_gradient`):
+    the checks built on it refuse graphs, and a path ORT may still differentiate must count."""
     reachable = set(names)
     for node in model.graph.node:  # ONNX nodes are topologically sorted
         if not any(name in reachable for name in node.input):
