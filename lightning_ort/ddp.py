@@ -54,6 +54,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         fuse_attention: see :class:`~lightning_ort.ORTStrategy`.
         memory_arena: see :class:`~lightning_ort.ORTStrategy`.
         export_cache: see :class:`~lightning_ort.ORTStrategy`.
+        fullgraph: see :class:`~lightning_ort.ORTStrategy`.
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         **kwargs: forwarded to ``torch.nn.parallel.DistributedDataParallel`` (e.g.
@@ -80,6 +81,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
+        fullgraph: bool = False,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -124,6 +126,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             fuse_attention=fuse_attention,
             memory_arena=memory_arena,
             export_cache=export_cache,
+            fullgraph=fullgraph,
         )
 
     @override

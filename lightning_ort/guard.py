@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +38,9 @@ class ORTModuleReport:
         eval_fallback_reason: why ORT's inference graph was given up, or ``None``.
         torch_call_reasons: why single calls ran in PyTorch while ORT kept both graphs (a training-mode
             module under ``no_grad``, another autocast state), with how many calls each.
+        parameters: the module's trainable parameters (elements) when it was wrapped.
+        submodules: after ORT gave up on the module's training graph, the submodules ORT runs instead
+            (each with a report of its own); the module's own code between them runs in PyTorch.
     """
 
     name: str
@@ -46,6 +49,8 @@ class ORTModuleReport:
     fallback_reason: str | None = None
     eval_fallback_reason: str | None = None
     torch_call_reasons: dict[str, int] = field(default_factory=dict)
+    parameters: int = 0
+    submodules: list[str] = field(default_factory=list)
 
     @property
     def uses_ort(self) -> bool:
@@ -61,6 +66,10 @@ _OTHER_AUTOCAST = "called under another autocast state than the one its graph wa
 _MODEL_SUMMARY = "Lightning's model summary (example_input_array) hooks the submodules for their sizes"
 _BEFORE_BACKWARD = " before the previous call's backward (a new export now would free the state that backward needs)"
 _REPLACED_BEFORE_BACKWARD = "submodules or tensor shapes were replaced" + _BEFORE_BACKWARD
+_IN_BACKWARD = (
+    "called during the backward pass (a checkpoint recomputing its forward), where ORT's graph would not "
+    "replay the random numbers and float rounding of the first forward"
+)
 _EVAL_CALL_WITH_GRAD = (
     "called in eval mode with gradients on, between training calls (each switch of train/eval modes would "
     "export ORT's training graph again; evaluate under torch.no_grad() to use ORT's inference graph)"
@@ -202,6 +211,15 @@ def _own_forward(owner: torch.nn.Module) -> Any:
     return type(owner).forward.__get__(owner)
 
 
+def trainable_parameters(module: torch.nn.Module) -> int:
+    """Elements of the module's parameters that require grad (a parameter shared by two submodules counts once)."""
+    return sum(parameter.numel() for parameter in module.parameters() if parameter.requires_grad)
+
+
+BreakDown = Callable[["ORTGuard"], list[str]]
+"""Called when ORT gives up on a guard's training graph; wraps submodules in ORT and returns their names."""
+
+
 class ORTGuard:
     """Callable installed as ``owner.forward``: ORT when it can, PyTorch with one warning when it cannot."""
 
@@ -211,10 +229,14 @@ class ORTGuard:
         owner: torch.nn.Module,
         runtime_options: _compat.ORTRuntimeOptions,
         fallback: FallbackMode,
+        break_down: BreakDown | None = None,
+        warned: set[str] | None = None,
     ) -> None:
         self.owner = owner
-        self.report = ORTModuleReport(name)
+        self.report = ORTModuleReport(name, parameters=trainable_parameters(owner))
         self._fallback = fallback
+        self._break_down = break_down
+        self._warned = warned if warned is not None else set()  # reasons already warned about, shared by a run
         self._torch_forward = type(owner).forward.__get__(owner)
         self._adapter = ForwardAdapter.for_module(owner)
         self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
@@ -256,9 +278,11 @@ class ORTGuard:
         # PyTorch); under no_grad a training-mode module would run ORT's inference graph, which would
         # not update BatchNorm's counters as PyTorch does.
         graph = torch.is_grad_enabled()
-        if self._ort_module is None or self._gave_up(graph):
+        if self._ort_module is None or self._gave_up(graph) or self.report.submodules:
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
+        if torch._C._current_autograd_node() is not None:
+            return self._in_pytorch(_IN_BACKWARD, args, kwargs)
         if training and not graph:
             return self._in_pytorch(_TRAINING_UNDER_NO_GRAD, args, kwargs)
         # The graph bakes in the autocast casts it was exported with; ORT does not re-export when
@@ -404,11 +428,22 @@ class ORTGuard:
                 "Fix: change the module, or pass ORTStrategy(fallback='warn') to run it in PyTorch."
             ) from error
         log.debug("ORT failure for %s", self.report.name, exc_info=error)
-        rank_zero_warn(
-            f"lightning_ort: ORT cannot run `{self.report.name}` ({type(self.owner).__name__}) in its {graph} "
-            f"graph; PyTorch runs it in {'training' if training else 'eval/no-grad'} mode from now on. "
-            f"Reason: {reason}"
-        )
+        if training and self._break_down is not None:
+            self.report.submodules = self._break_down(self)
+        where = f"`{self.report.name}` ({type(self.owner).__name__})"
+        if self.report.submodules:
+            parts = self.report.submodules
+            listed = ", ".join(f"`{name}`" for name in parts[:6])
+            listed += f" and {len(parts) - 6} more" if len(parts) > 6 else ""
+            outcome = f"ORT runs its submodules {listed} instead, the code between them in PyTorch"
+        else:
+            outcome = f"PyTorch runs it in {'training' if training else 'eval/no-grad'} mode from now on"
+        message = f"lightning_ort: ORT cannot run {where} in its {graph} graph; {outcome}. Reason: {reason}"
+        if reason in self._warned:  # the same reason in another block of the model: said once already
+            log.info(message)
+            return
+        self._warned.add(reason)
+        rank_zero_warn(message)
 
     @contextlib.contextmanager
     def bypassed(self) -> Iterator[None]:

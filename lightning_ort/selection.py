@@ -17,8 +17,8 @@ def _has_forward(module: torch.nn.Module) -> bool:
     return type(module).forward is not torch.nn.Module.forward
 
 
-def _trainable_children(model: torch.nn.Module, prefix: str = "") -> list[str]:
-    """Children with a parameter that requires grad; a container's items in its place."""
+def trainable_children(model: torch.nn.Module, prefix: str = "") -> list[str]:
+    """Children with a parameter that requires grad, named ``prefix + name``; a container's items in its place."""
     names = []
     for name, child in model.named_children():
         if not any(parameter.requires_grad for parameter in child.parameters()):
@@ -26,7 +26,7 @@ def _trainable_children(model: torch.nn.Module, prefix: str = "") -> list[str]:
         if _has_forward(child):
             names.append(prefix + name)
         else:
-            names += _trainable_children(child, f"{prefix}{name}.")
+            names += trainable_children(child, f"{prefix}{name}.")
     return names
 
 
@@ -49,7 +49,7 @@ def select_modules(model: pl.LightningModule, requested: list[str] | None, prefe
     if requested is None:
         if prefer_forward and _overrides_forward(model):
             return [FORWARD]
-        return _trainable_children(model)
+        return trainable_children(model)
     if FORWARD in requested and len(requested) > 1:
         raise ValueError(
             f"ORTStrategy(modules={requested!r}): 'forward' already contains every submodule; name it alone."

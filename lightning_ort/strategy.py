@@ -78,6 +78,11 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             of the first step), in ``$LIGHTNING_ORT_CACHE/exports``. The cache key covers the model's
             code, attributes, parameters and inputs; a ``forward`` that reads other state (environment
             variables, globals set at run time) must not use it. Off by default.
+        fullgraph: ``False`` (default): when ORT cannot run a module as a whole, its submodules that hold
+            trainable parameters become ORT graphs of their own (each may break down further), and the code
+            between them runs in PyTorch: a graph break at module granularity, as torch.compile breaks graphs.
+            ``True``: each selected module runs in ORT as a whole or in PyTorch as a whole.
+            ``ort_reports`` and ``ort_parameter_share`` say what ORT runs.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -103,6 +108,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
+        fullgraph: bool = False,
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -129,6 +135,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             fuse_attention=fuse_attention,
             memory_arena=memory_arena,
             export_cache=export_cache,
+            fullgraph=fullgraph,
         )
         self._device_given = device is not None
 

@@ -28,7 +28,7 @@ from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
 from lightning_ort.memory import validate_memory_options
 from lightning_ort.optim import fuse_again, fuse_optimizer, unfused_state
 from lightning_ort.precision import ort_precision
-from lightning_ort.selection import FORWARD, select_modules
+from lightning_ort.selection import FORWARD, select_modules, trainable_children
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,12 @@ class ORTStrategyMixin(Strategy):
     custom_autograd: bool | None
     fused_optimizer: bool
     runtime_options: _compat.ORTRuntimeOptions
+    fullgraph: bool
     _guards: list[ORTGuard]
     _retired: list[ORTModuleReport]
     _auto_forward: bool
+    _warned: set[str]
+    _retired_share: float | None
 
     def _init_ort(
         self,
@@ -70,6 +73,7 @@ class ORTStrategyMixin(Strategy):
         fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
+        fullgraph: bool = False,
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
@@ -105,12 +109,15 @@ class ORTStrategyMixin(Strategy):
             raise TypeError(f"{name}(memory_arena={memory_arena!r}) must be True or False.")
         if not isinstance(export_cache, bool):
             raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
+        if not isinstance(fullgraph, bool):
+            raise TypeError(f"{name}(fullgraph={fullgraph!r}) must be True or False.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
         self.modules = list(modules) if modules is not None else None
         self.log_level = log_level
         self.fallback = fallback
         self.custom_autograd = custom_autograd
         self.fused_optimizer = fused_optimizer
+        self.fullgraph = fullgraph
         self.runtime_options = _compat.ORTRuntimeOptions(
             log_level=log_level,
             intra_op_num_threads=intra_op_num_threads,
@@ -133,11 +140,36 @@ class ORTStrategyMixin(Strategy):
         self._guards = []
         self._retired = []
         self._auto_forward = False
+        self._warned = set()
+        self._retired_share = None
 
     @property
     def ort_reports(self) -> list[ORTModuleReport]:
-        """One report per module ORT was asked to run in the current or last run (calls, fallback reason)."""
+        """One report per module ORT was asked to run in the current or last run (calls, fallback reason).
+
+        A module ORT gave up on as a whole names the submodules that ORT runs instead
+        (:attr:`ORTModuleReport.submodules`); they follow it in the list, with reports of their own.
+        """
         return self._retired + [guard.report for guard in self._guards]
+
+    @property
+    def ort_parameter_share(self) -> float | None:
+        """The share of the LightningModule's trainable parameters (elements) whose module ORT trains, in the
+        current or last run, from 0.0 to 1.0: modules ORT ran in training without giving up on them as a
+        whole. ``None`` before a model with trainable parameters is set up."""
+        return self._parameter_share() if self._guards else self._retired_share
+
+    def _parameter_share(self) -> float | None:
+        model = self.lightning_module
+        total = {} if model is None else {id(p): p.numel() for p in model.parameters() if p.requires_grad}
+        if not total:
+            return None
+        in_ort: dict[int, int] = {}
+        for guard in self._guards:
+            report = guard.report
+            if report.fallback_reason is None and not report.submodules and report.ort_calls:
+                in_ort.update((id(p), p.numel()) for p in guard.owner.parameters() if id(p) in total)
+        return sum(in_ort.values()) / sum(total.values())
 
     @property
     def ort_modules(self) -> dict[str, torch.nn.Module]:
@@ -193,18 +225,37 @@ class ORTStrategyMixin(Strategy):
         """Install fresh guards on ``model`` (its forward, or the modules named in ``modules``)."""
         self._teardown_guards()
         self._retired = []
+        self._retired_share = None
+        self._warned = set()
         selection = select_modules(model, self.modules)
         self._auto_forward = self.modules is None and selection == [FORWARD]
         self._install(model, selection)
 
     def _install(self, model: pl.LightningModule, names: list[str]) -> None:
         _compat.custom_function_support(self.custom_autograd)
+        break_down = None if self.fullgraph else self._break_down
         for name in names:
             owner = model if name == FORWARD else model.get_submodule(name)
-            guard = ORTGuard(name, owner, self.runtime_options, self.fallback)
+            guard = ORTGuard(name, owner, self.runtime_options, self.fallback, break_down, self._warned)
             guard.install()
             self._guards.append(guard)
         log.info("lightning_ort: ORT runs %s", ", ".join(names) or "nothing")
+
+    def _break_down(self, guard: ORTGuard) -> list[str]:
+        """A graph break at module granularity: when ORT gives up on a module's training graph, its children
+        that hold trainable parameters (a container's items) become ORT graphs of their own, each of which
+        may break down in turn; the module's own code between them runs in PyTorch. Returns their names."""
+        model = self.lightning_module
+        if model is None:
+            return []
+        prefix = "" if guard.report.name == FORWARD else guard.report.name + "."
+        guarded = {id(other.owner) for other in self._guards}
+        children = [
+            name for name in trainable_children(guard.owner, prefix) if id(model.get_submodule(name)) not in guarded
+        ]
+        if children:
+            self._install(model, children)
+        return children
 
     def _memory_arena(self) -> contextlib.AbstractContextManager[None]:
         """On the CPU, the arena serves the whole step (loss, backward, optimizer, user code), not only
@@ -256,6 +307,8 @@ class ORTStrategyMixin(Strategy):
         return output
 
     def _teardown_guards(self) -> None:
+        if self._guards:
+            self._retired_share = self._parameter_share()
         for guard in self._guards:
             guard.uninstall()
         self._retired += [guard.report for guard in self._guards]

@@ -225,8 +225,11 @@ def test_ort_ddp_relaunches_the_script_and_switches_to_children(tmp_path: Path) 
                 "fallback_reason": None,
                 "eval_fallback_reason": None,
                 "torch_call_reasons": {},
+                "parameters": rank["reports"][0]["parameters"],
+                "submodules": [],
             }
         ]
+        assert rank["reports"][0]["parameters"] > 0
         assert len(rank["val_losses"]) == 1
 
 

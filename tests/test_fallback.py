@@ -72,9 +72,11 @@ IDS = [
 
 @pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=IDS)
 def test_warn_once_and_train_like_eager(model_cls: type, reason: str) -> None:
+    """``fullgraph=True``: the module runs in PyTorch as a whole."""
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        eager, ort = fit_both(model_cls, mlp_loader, 12, strategy=ORTStrategy(custom_autograd=False))
+        strategy = ORTStrategy(custom_autograd=False, fullgraph=True)
+        eager, ort = fit_both(model_cls, mlp_loader, 12, strategy=strategy)
     ours = [str(r.message) for r in records if "lightning_ort: ORT cannot run" in str(r.message)]
     assert len(ours) == 1, ours
     assert "`forward`" in ours[0] and reason in ours[0]
@@ -84,6 +86,35 @@ def test_warn_once_and_train_like_eager(model_cls: type, reason: str) -> None:
     # PyTorch trained it: exactly the eager result, custom backward and buffer updates included
     assert_losses_match(eager, ort, rtol=0)
     assert_states_match(eager, ort, atol=0, rtol=0)
+
+
+# Submodules that keep the refusal themselves stay in PyTorch (hooks on a submodule itself run around its
+# ORT graph, as module hooks run around forward, so only hooks on *its* submodules refuse it)
+_REFUSED_CHILDREN = {"max_norm": {"embedding"}, "sparse_embedding": {"embedding"}}
+
+
+@pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=IDS)
+def test_graph_break_trains_the_submodules_in_ort(model_cls: type, reason: str) -> None:
+    """By default a refused forward is a graph break: its submodules run in ORT, the code between them in
+    PyTorch, with eager's results; one warning names the submodules and the reason."""
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        eager, ort = fit_both(model_cls, mlp_loader, 12, strategy=ORTStrategy(custom_autograd=False))
+    ours = [str(r.message) for r in records if "lightning_ort: ORT cannot run" in str(r.message)]
+    assert "`forward`" in ours[0] and reason in ours[0] and "ORT runs its submodules" in ours[0], ours
+    forward, *children = ort.reports
+    assert forward.fallback_reason is not None and reason in forward.fallback_reason
+    assert forward.submodules == [report.name for report in children] and children
+    refused = _REFUSED_CHILDREN.get(IDS[CASES.index((model_cls, reason))], set())
+    for report in children:
+        if report.name in refused:
+            assert report.fallback_reason is not None and report.ort_calls == 0, report
+        else:
+            assert report.fallback_reason is None and report.ort_calls >= 12, report
+    share = ort.trainer.strategy.ort_parameter_share
+    assert share is not None and 0 < share < 1 if refused else share == 1
+    assert_losses_match(eager, ort, rtol=1e-5)
+    assert_states_match(eager, ort)
 
 
 @pytest.mark.parametrize(("model_cls", "reason"), CASES, ids=IDS)
