@@ -5,6 +5,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from lightning_ort.ddp import ORTDDPStrategy
 from lightning_ort.errors import (
     ONNXExportError,
+    ORTExportTimeoutError,
     ORTFallbackError,
     ORTParityError,
     ORTSetupError,
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ONNXExportError",
     "ORTDDPStrategy",
+    "ORTExportTimeoutError",
     "ORTFallbackError",
     "ORTModuleReport",
     "ORTParityError",

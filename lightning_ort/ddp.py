@@ -55,6 +55,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_arena: see :class:`~lightning_ort.ORTStrategy`.
         export_cache: see :class:`~lightning_ort.ORTStrategy`.
         fullgraph: see :class:`~lightning_ort.ORTStrategy`.
+        export_timeout: see :class:`~lightning_ort.ORTStrategy`.
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         **kwargs: forwarded to ``torch.nn.parallel.DistributedDataParallel`` (e.g.
@@ -82,6 +83,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         memory_arena: bool = True,
         export_cache: bool = False,
         fullgraph: bool = False,
+        export_timeout: float | None = 300.0,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -127,6 +129,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             memory_arena=memory_arena,
             export_cache=export_cache,
             fullgraph=fullgraph,
+            export_timeout=export_timeout,
         )
 
     @override

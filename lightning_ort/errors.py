@@ -15,6 +15,10 @@ class ORTUnsupportedModelError(RuntimeError):
     """A module that ORT would export or differentiate incorrectly, so it must not run in ORT."""
 
 
+class ORTExportTimeoutError(TimeoutError):
+    """Exporting and building a module's ORT graph took longer than ``ORTStrategy(export_timeout=...)``."""
+
+
 class ORTParityError(RuntimeError):
     """ORT's loss or gradients differ from eager PyTorch's beyond the tolerance of ``ORTParityCheck``."""
 

@@ -17,6 +17,7 @@ from lightning_ort import _compat
 from lightning_ort.adapter import ForwardAdapter
 from lightning_ort.dataclass_io import from_mappings, to_mappings
 from lightning_ort.errors import ORTFallbackError, ORTUnsupportedModelError
+from lightning_ort.time_budget import time_budget
 
 log = logging.getLogger(__name__)
 
@@ -231,12 +232,15 @@ class ORTGuard:
         fallback: FallbackMode,
         break_down: BreakDown | None = None,
         warned: set[str] | None = None,
+        export_timeout: float | None = None,
     ) -> None:
         self.owner = owner
         self.report = ORTModuleReport(name, parameters=trainable_parameters(owner))
         self._fallback = fallback
         self._break_down = break_down
         self._warned = warned if warned is not None else set()  # reasons already warned about, shared by a run
+        self._export_timeout = export_timeout
+        self._exports_due = {True, False}  # the graphs (training: True) whose next call exports them
         self._torch_forward = type(owner).forward.__get__(owner)
         self._adapter = ForwardAdapter.for_module(owner)
         self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
@@ -301,7 +305,7 @@ class ORTGuard:
                 # a new graph now would free the state that forward's backward needs (SIGSEGV)
                 return self._in_pytorch(_MODES_BEFORE_BACKWARD, args, kwargs)
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
-            _compat.export_again(self._ort_module, graph)
+            self._export_again(graph)
             self._graph_modes[graph] = modes
         self._other_modes = None
         if _compat.summary_hooks(modules):
@@ -328,18 +332,26 @@ class ORTGuard:
             self._export_again_for_read(changed)
             changed = None
         _compat.set_training_flag(self._ort_module, graph, training)
+        budget = self._export_timeout if graph in self._exports_due else None
         try:
             self._check_python_state(modules, changed)
-            output = from_mappings(self._ort_module(*ort_args, **ort_kwargs))
+            with time_budget(budget, f"`{self.report.name}`"):
+                output = from_mappings(self._ort_module(*ort_args, **ort_kwargs))
         except Exception as error:
             self._give_up(error, graph, autocast)
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
+        self._exports_due.discard(graph)
         # each layer in train mode, also in the inference graph (test-time adaptation of BatchNorm under no_grad)
         _compat.advance_batch_counters(self._batch_norms)
         _compat.refresh_hooked_weights(modules)
         self.report.ort_calls += 1
         return output
+
+    def _export_again(self, graph: bool) -> None:
+        assert self._ort_module is not None
+        _compat.export_again(self._ort_module, graph)
+        self._exports_due.add(graph)
 
     def _lasting_modes(self, modes: tuple[bool, ...]) -> bool:
         """Whether an eval-mode call with gradients on, in modes other than the training graph's, is part of a
@@ -364,7 +376,7 @@ class ORTGuard:
                 self.report.name,
             )
             for either in (True, False):
-                _compat.export_again(self._ort_module, either)
+                self._export_again(either)
             self._layout = layout
         self._adapter.take_owner_state()
         _compat.read_module_tensors_again(self._ort_module)
@@ -390,7 +402,7 @@ class ORTGuard:
         log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, changed.split("; ")[0])
         _compat.forget_python_reads(self._adapter)
         for either in (True, False):
-            _compat.export_again(self._ort_module, either)
+            self._export_again(either)
         self._read_export_call = self.report.ort_calls
 
     def _check_python_state(self, modules: list[torch.nn.Module], changed: str | None) -> None:

@@ -83,6 +83,10 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             between them runs in PyTorch: a graph break at module granularity, as torch.compile breaks graphs.
             ``True``: each selected module runs in ORT as a whole or in PyTorch as a whole.
             ``ort_reports`` and ``ort_parameter_share`` say what ORT runs.
+        export_timeout: seconds a module's ORT call may take when it exports and builds a graph (its first
+            call in training and in eval, and each new export); past it the module falls back (or breaks
+            down, see ``fullgraph``) with a reason that says so. ``None``: no limit. Only the main thread
+            can be interrupted; elsewhere there is no limit.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -109,6 +113,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         memory_arena: bool = True,
         export_cache: bool = False,
         fullgraph: bool = False,
+        export_timeout: float | None = 300.0,
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -136,6 +141,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             memory_arena=memory_arena,
             export_cache=export_cache,
             fullgraph=fullgraph,
+            export_timeout=export_timeout,
         )
         self._device_given = device is not None
 

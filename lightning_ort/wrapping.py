@@ -51,6 +51,7 @@ class ORTStrategyMixin(Strategy):
     fused_optimizer: bool
     runtime_options: _compat.ORTRuntimeOptions
     fullgraph: bool
+    export_timeout: float | None
     _guards: list[ORTGuard]
     _retired: list[ORTModuleReport]
     _auto_forward: bool
@@ -74,6 +75,7 @@ class ORTStrategyMixin(Strategy):
         memory_arena: bool = True,
         export_cache: bool = False,
         fullgraph: bool = False,
+        export_timeout: float | None = 300.0,
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
@@ -111,6 +113,10 @@ class ORTStrategyMixin(Strategy):
             raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
         if not isinstance(fullgraph, bool):
             raise TypeError(f"{name}(fullgraph={fullgraph!r}) must be True or False.")
+        if export_timeout is not None and (
+            isinstance(export_timeout, bool) or not isinstance(export_timeout, (int, float)) or export_timeout <= 0
+        ):
+            raise ValueError(f"{name}(export_timeout={export_timeout!r}) must be a positive number of seconds or None.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
         self.modules = list(modules) if modules is not None else None
         self.log_level = log_level
@@ -118,6 +124,7 @@ class ORTStrategyMixin(Strategy):
         self.custom_autograd = custom_autograd
         self.fused_optimizer = fused_optimizer
         self.fullgraph = fullgraph
+        self.export_timeout = None if export_timeout is None else float(export_timeout)
         self.runtime_options = _compat.ORTRuntimeOptions(
             log_level=log_level,
             intra_op_num_threads=intra_op_num_threads,
@@ -236,7 +243,9 @@ class ORTStrategyMixin(Strategy):
         break_down = None if self.fullgraph else self._break_down
         for name in names:
             owner = model if name == FORWARD else model.get_submodule(name)
-            guard = ORTGuard(name, owner, self.runtime_options, self.fallback, break_down, self._warned)
+            guard = ORTGuard(
+                name, owner, self.runtime_options, self.fallback, break_down, self._warned, self.export_timeout
+            )
             guard.install()
             self._guards.append(guard)
         log.info("lightning_ort: ORT runs %s", ", ".join(names) or "nothing")
