@@ -241,7 +241,7 @@ def test_exported_graph_keeps_the_function_through_the_strategy(support_on: None
 def test_support_off_falls_back_with_the_reason(support_off: None) -> None:
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        eager, ort = fit_both(STEMLP, mlp_loader, 4, strategy=ORTStrategy(custom_autograd=False))
+        eager, ort = fit_both(STEMLP, mlp_loader, 4, strategy=ORTStrategy(fullgraph=True, custom_autograd=False))
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "custom torch.autograd.Function(s) test_custom_function.StraightThroughSign" in report.fallback_reason
@@ -252,7 +252,7 @@ def test_support_off_falls_back_with_the_reason(support_off: None) -> None:
 
 
 def test_symbolic_functions_still_fall_back(support_on: None) -> None:
-    eager, ort = fit_both(SymbolicMLP, mlp_loader, 4)
+    eager, ort = fit_both(SymbolicMLP, mlp_loader, 4, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "test_custom_function.WithSymbolic were exported as ONNX operators" in report.fallback_reason
@@ -349,11 +349,15 @@ class CheckpointedBatchNorm(MLP):
 
 def test_running_statistics_in_a_non_reentrant_checkpoint_fall_back(support_on: None) -> None:
     """Eager updates them twice per step (again when recomputing in backward), ORT's graph once."""
-    eager, ort = fit_both(lambda: CheckpointedBatchNorm(frozen_norm=False), mlp_loader, 4)
+    eager, ort = fit_both(
+        lambda: CheckpointedBatchNorm(frozen_norm=False), mlp_loader, 4, strategy=ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "blocks.1 update running statistics inside" in report.fallback_reason
     assert_states_match(eager, ort)  # running statistics and num_batches_tracked (8) included
-    eager, ort = fit_both(lambda: CheckpointedBatchNorm(frozen_norm=True), mlp_loader, 4)
+    eager, ort = fit_both(
+        lambda: CheckpointedBatchNorm(frozen_norm=True), mlp_loader, 4, strategy=ORTStrategy(fullgraph=True)
+    )
     assert_ort_ran(ort, min_calls=4)
     assert_states_match(eager, ort)
 
@@ -364,7 +368,10 @@ def test_reentrant_checkpoint_falls_back_with_the_fix(support: bool) -> None:
     _compat.custom_function_support(support)
     try:
         eager, ort = fit_both(
-            lambda: CheckpointMLP(reentrant=True), mlp_loader, 3, strategy=ORTStrategy(custom_autograd=support)
+            lambda: CheckpointMLP(reentrant=True),
+            mlp_loader,
+            3,
+            strategy=ORTStrategy(fullgraph=True, custom_autograd=support),
         )
     finally:
         _compat.custom_function_support(before)
@@ -416,7 +423,7 @@ def test_unbuildable_extension_leaves_everything_else_working(tmp_path: Any, mon
         with pytest.raises(ORTSetupError, match="Custom autograd.Function support inside ORT is unavailable"):
             _compat.custom_function_support(True)
         assert _compat.custom_function_support(None) is False
-        eager, ort = fit_both(STEMLP, mlp_loader, 3)
+        eager, ort = fit_both(STEMLP, mlp_loader, 3, strategy=ORTStrategy(fullgraph=True))
         (report,) = ort.reports
         assert report.fallback_reason is not None
         assert "custom autograd.Function support is unavailable: Cannot create the extension cache directory" in (
@@ -424,7 +431,7 @@ def test_unbuildable_extension_leaves_everything_else_working(tmp_path: Any, mon
         )
         assert_losses_match(eager, ort, rtol=0)
         # modules without custom Functions still run in ORT
-        eager, ort = fit_both(MLP, mlp_loader, 3)
+        eager, ort = fit_both(MLP, mlp_loader, 3, strategy=ORTStrategy(fullgraph=True))
         assert_ort_ran(ort, min_calls=3)
     finally:
         monkeypatch.undo()

@@ -13,6 +13,8 @@ from models import Base, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lightning_ort import ORTStrategy
+
 
 def flat_batches(sizes: tuple[int, ...] = (4, 2, 8, 1, 5), classes: int = 5) -> DataLoader:
     """(x, y) batches of 8 features and class indices, of varying batch sizes."""
@@ -91,7 +93,7 @@ class CountingOutput(Base):
 
 
 def test_python_number_output_is_refused_with_the_fix() -> None:
-    eager, ort = fit_both(CountingOutput, flat_batches, 5)
+    eager, ort = fit_both(CountingOutput, flat_batches, 5, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "returns a Python number (int, float or bool) among its outputs" in report.fallback_reason

@@ -420,7 +420,7 @@ def _pairs() -> DataLoader:
 
 def test_one_batch_norm_on_independent_inputs_falls_back_with_the_reason() -> None:
     """ORT ran the second call first: weights equal, running statistics off by 0.025 after one step."""
-    eager, ort = fit_both(lambda: SharedNormOnTwoInputs(frozen=False), _pairs, 3)
+    eager, ort = fit_both(lambda: SharedNormOnTwoInputs(frozen=False), _pairs, 3, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None and "BatchNorm layer(s) bn are called more than once" in (
         report.fallback_reason

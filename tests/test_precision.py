@@ -19,7 +19,7 @@ from lightning_ort.precision import ORTPrecision
 def test_bf16_mixed_on_cpu_falls_back_naming_the_missing_kernel() -> None:
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        eager, ort = fit_both(MLP, mlp_loader, 6, precision="bf16-mixed")
+        eager, ort = fit_both(MLP, mlp_loader, 6, precision="bf16-mixed", strategy=ORTStrategy(fullgraph=True))
     assert isinstance(ort.trainer.strategy.precision_plugin, ORTPrecision)
     (report,) = ort.reports
     assert report.fallback_reason is not None
@@ -42,7 +42,11 @@ class TopFeaturesCNN(CNN):
 
 def test_bf16_mixed_on_cpu_names_autocast_when_ort_rejects_the_type() -> None:
     eager, ort = fit_both(
-        TopFeaturesCNN, image_loader, 4, precision="bf16-mixed", strategy=ORTStrategy(channels_last=False)
+        TopFeaturesCNN,
+        image_loader,
+        4,
+        precision="bf16-mixed",
+        strategy=ORTStrategy(fullgraph=True, channels_last=False),
     )
     (report,) = ort.reports
     reason = report.fallback_reason

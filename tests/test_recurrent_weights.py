@@ -11,6 +11,8 @@ from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fi
 from models import SequenceClassifier, varying_sequences
 from torch import nn
 
+from lightning_ort import ORTStrategy
+
 STEPS = 3
 
 
@@ -38,7 +40,9 @@ FREEZES = {
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 @pytest.mark.parametrize("freeze", list(FREEZES))
 def test_frozen_recurrent_weights_after_trained_layers_fall_back_with_the_reason(cell: str, freeze: str) -> None:
-    eager, ort = fit_both(lambda: Tagger(cell, FREEZES[freeze]), varying_sequences, STEPS)
+    eager, ort = fit_both(
+        lambda: Tagger(cell, FREEZES[freeze]), varying_sequences, STEPS, strategy=ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and f"nn.{cell}" in report.fallback_reason
     assert "frozen" in report.fallback_reason and "ORTStrategy(modules=" in report.fallback_reason

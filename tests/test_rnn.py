@@ -75,7 +75,7 @@ class Packed(SequenceClassifier):
 
 def test_packed_sequences_fall_back_with_the_reason() -> None:
     """ORT's own errors said nothing a user could act on (``vector::_M_range_check``)."""
-    eager, ort = fit_both(Packed, varying_sequences, STEPS, strategy=ORTStrategy())
+    eager, ort = fit_both(Packed, varying_sequences, STEPS, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None and "packs sequences for a recurrent layer" in report.fallback_reason
     assert "test_rnn.py" in report.fallback_reason and report.ort_calls == 0

@@ -98,7 +98,9 @@ def test_iteration_over_a_constant_size_trains_in_ort(make_model: Any) -> None:
 def test_iteration_over_a_varying_size_is_refused(uses: str) -> None:
     """Without the refusal, ORT's Split failed on the second batch when some part was used (a fallback
     after one step), and ``count-only`` trained silently wrongly: the count stayed the first batch's."""
-    eager, ort = fit_both(lambda: OverRows(uses), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    eager, ort = fit_both(
+        lambda: OverRows(uses), varying_batches, 5, strategy=lightning_ort.ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "iterates over a tensor" in report.fallback_reason
     assert "test_tensor_iteration.py" in report.fallback_reason
@@ -142,7 +144,9 @@ def test_a_python_number_from_a_fixed_size_trains_in_ort(scale_from: str) -> Non
 
 
 def test_a_python_number_from_a_varying_size_is_still_refused() -> None:
-    eager, ort = fit_both(lambda: ScaledByWidth("sequence"), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    eager, ort = fit_both(
+        lambda: ScaledByWidth("sequence"), varying_batches, 5, strategy=lightning_ort.ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "Converting a tensor to a Python float" in report.fallback_reason
     assert "test_tensor_iteration.py" in report.fallback_reason  # the line converting, not lightning_ort's
@@ -175,7 +179,9 @@ def test_counting_the_parts_of_a_varying_split_is_refused(how: str) -> None:
     """The parts never reach the graph, so the split left it and nothing failed: before the refusal, the count
     stayed the first batch's and the losses left eager's from the first batch of another length on (1.890 against
     1.415 at the third step)."""
-    eager, ort = fit_both(lambda: SplitCount(how), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    eager, ort = fit_both(
+        lambda: SplitCount(how), varying_batches, 5, strategy=lightning_ort.ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "uses only the number of parts" in report.fallback_reason
     assert "test_tensor_iteration.py" in report.fallback_reason
@@ -197,7 +203,9 @@ def test_splits_whose_count_cannot_change_unnoticed_train_in_ort(how: str, batch
 
 def test_a_used_split_of_a_varying_dimension_falls_back_with_the_reason() -> None:
     """ORT's ``Split`` fails on the first batch of another length; training goes on in PyTorch from there."""
-    eager, ort = fit_both(lambda: SplitCount("steps-used"), varying_batches, 5, strategy=lightning_ort.ORTStrategy())
+    eager, ort = fit_both(
+        lambda: SplitCount("steps-used"), varying_batches, 5, strategy=lightning_ort.ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "splits a dimension whose size changed" in report.fallback_reason
     assert report.ort_calls == 2  # the two batches of the exported length
@@ -234,7 +242,7 @@ def test_a_split_into_another_number_of_parts_still_fails_loudly() -> None:
     """A length of 11 needs three parts of 4, the graph has two: ORT's Split fails (the sizes no longer add up)
     instead of splitting into the wrong parts."""
     batches = lambda: sequence_batches([(4, 7), (4, 11), (2, 5)], 16)  # noqa: E731
-    eager, ort = fit_both(lambda: Windows("split"), batches, 3, strategy=lightning_ort.ORTStrategy())
+    eager, ort = fit_both(lambda: Windows("split"), batches, 3, strategy=lightning_ort.ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None and report.ort_calls == 1
     assert_losses_match(eager, ort)
@@ -245,7 +253,9 @@ def test_tensor_split_into_a_number_of_parts_from_the_length_is_refused() -> Non
     """The trace kept the first batch's number of parts: `parts[-1]` stayed the third part (weights 0.054 off
     after five steps)."""
     batches = lambda: sequence_batches([(4, 7), (4, 11), (2, 5), (3, 9), (2, 12)], 16)  # noqa: E731
-    eager, ort = fit_both(lambda: Windows("tensor_split"), batches, 5, strategy=lightning_ort.ORTStrategy())
+    eager, ort = fit_both(
+        lambda: Windows("tensor_split"), batches, 5, strategy=lightning_ort.ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "splits a tensor into a number of parts computed from its inputs" in report.fallback_reason

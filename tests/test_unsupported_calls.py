@@ -232,7 +232,7 @@ class NumberInControlFlow(Net):
 
 def test_python_number_used_as_a_number_falls_back_naming_the_argument() -> None:
     with pytest.warns(UserWarning, match="PyTorch runs it"):
-        eager, ort = fit_both(NumberInControlFlow, mlp_loader, STEPS)
+        eager, ort = fit_both(NumberInControlFlow, mlp_loader, STEPS, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "the Python number argument(s) `scale` (float)" in report.fallback_reason
@@ -255,7 +255,7 @@ class NumberArgumentAndMissingOperator(Net):
 
 def test_a_missing_operator_is_the_reason_even_with_number_arguments() -> None:
     """The note on Python number arguments came first, sending users after the wrong fix."""
-    eager, ort = fit_both(NumberArgumentAndMissingOperator, mlp_loader, STEPS)
+    eager, ort = fit_both(NumberArgumentAndMissingOperator, mlp_loader, STEPS, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None and "aten::bincount" in report.fallback_reason
     assert "Python number argument" not in report.fallback_reason
@@ -313,7 +313,7 @@ class NumpyOfActivations(Net):
     ids=["pad_value", "layer_norm_eps", "roll", "index_list", "buffer_as_eps", "numpy"],
 )
 def test_numbers_torch_reads_from_tensors_fall_back(make: type[Net], call: str) -> None:
-    eager, ort = fit_both(make, mlp_loader, STEPS, strategy=ORTStrategy(fallback="warn"))
+    eager, ort = fit_both(make, mlp_loader, STEPS, strategy=ORTStrategy(fullgraph=True, fallback="warn"))
     (report,) = ort.reports
     assert report.fallback_reason is not None and call in report.fallback_reason, report.fallback_reason
     assert "the trace keeps the first call's number" in report.fallback_reason
@@ -361,12 +361,17 @@ class BoolInArithmetic(Net):
 
 def test_a_bool_in_tensor_arithmetic_falls_back_with_the_fix() -> None:
     eager, ort = fit_both(
-        lambda: BoolInArithmetic(convert=False), mlp_loader, STEPS, strategy=ORTStrategy(fallback="warn")
+        lambda: BoolInArithmetic(convert=False),
+        mlp_loader,
+        STEPS,
+        strategy=ORTStrategy(fullgraph=True, fallback="warn"),
     )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "Fix: convert it first (h * float(flag))" in report.fallback_reason
     assert_losses_match(eager, ort)
-    eager, ort = fit_both(lambda: BoolInArithmetic(convert=True), mlp_loader, STEPS)
+    eager, ort = fit_both(
+        lambda: BoolInArithmetic(convert=True), mlp_loader, STEPS, strategy=ORTStrategy(fullgraph=True)
+    )
     assert_ort_ran(ort, STEPS)
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
@@ -421,7 +426,7 @@ class TensorOfSizes(Net):
 @pytest.mark.parametrize("build", ["asarray", "tensor"])
 def test_a_tensor_built_from_a_list_of_sizes_falls_back_naming_the_fix(build: str) -> None:
     eager, ort = fit_both(
-        lambda: TensorOfSizes(build), _shrinking_batches, STEPS, strategy=ORTStrategy(fallback="warn")
+        lambda: TensorOfSizes(build), _shrinking_batches, STEPS, strategy=ORTStrategy(fullgraph=True, fallback="warn")
     )
     (report,) = ort.reports
     reason = report.fallback_reason
@@ -450,7 +455,9 @@ class BranchOnSizes(Net):
 
 
 def test_a_branch_on_sizes_falls_back_naming_the_fix() -> None:
-    eager, ort = fit_both(BranchOnSizes, lambda: mlp_loader(batch_size=16, n=40), STEPS)
+    eager, ort = fit_both(
+        BranchOnSizes, lambda: mlp_loader(batch_size=16, n=40), STEPS, strategy=ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "its forward has Python control flow on sizes at" in report.fallback_reason
