@@ -306,7 +306,7 @@ class ORTGuard:
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
             self._check_python_state(modules, changed)
-            output = from_mappings(self._ort_module(*ort_args, **ort_kwargs))
+            output = from_mappings(self._ort_module(*ort_args, **ort_kwargs), inputs=(args, kwargs))
         except Exception as error:
             self._give_up(error, graph, autocast)
             self.report.torch_calls += 1
