@@ -10,7 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_ort.dataclass_io import from_mappings, to_mappings
+from lightning_ort.dataclass_io import GivenCache, from_mappings, to_mappings
 
 
 class ForwardAdapter(torch.nn.Module):
@@ -88,6 +88,8 @@ def _with_dataclasses_as_mappings(forward: Callable[..., Any]) -> Callable[..., 
 
     @functools.wraps(forward)
     def wrapped(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return to_mappings(forward(self, *from_mappings(args), **from_mappings(kwargs)))
+        given: list[GivenCache] = []  # transformers caches among the inputs: what forward leaves in them is output
+        args, kwargs = from_mappings(args, given), from_mappings(kwargs, given)
+        return to_mappings(forward(self, *args, **kwargs), given)
 
     return wrapped

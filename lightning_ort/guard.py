@@ -336,7 +336,7 @@ class ORTGuard:
         try:
             self._check_python_state(modules, changed)
             with time_budget(budget, f"`{self.report.name}`"):
-                output = from_mappings(self._ort_module(*ort_args, **ort_kwargs))
+                output = from_mappings(self._ort_module(*ort_args, **ort_kwargs), inputs=(args, kwargs))
         except Exception as error:
             self._give_up(error, graph, autocast)
             self.report.torch_calls += 1

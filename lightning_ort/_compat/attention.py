@@ -9,6 +9,10 @@
   gradients. torch's symbolic zeroes the NaN weights softmax makes of them, but the gradient of that
   softmax is NaN still, and it reached the query and key projections' weights. Such rows now take a
   softmax of zeros (finite) whose result is replaced by zeros.
+- Grouped-query attention (``enable_gqa=True``, fewer key/value heads than query heads; Hugging Face's
+  Llama, Mistral and Qwen2 pass it): torch's symbolic refuses it. The key and value heads are
+  repeated to the query's count (``repeat_interleave`` over the head dimension), which is what
+  eager's kernels compute.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ def scaled_dot_product_attention_symbolic(
     enable_gqa: Any = False,
 ) -> Any:
     p = float(symbolic_helper._maybe_get_const(dropout_p, "f"))
+    if symbolic_helper._maybe_get_const(enable_gqa, "b") is not False:
+        key, value = repeat_kv_heads(g, query, key), repeat_kv_heads(g, query, value)
     output = symbolic_opset14.scaled_dot_product_attention(
-        g, query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa
+        g, query, key, value, attn_mask, 0.0, is_causal, scale, False
     )
     attn_weight, projected_value = list(output.node().inputs())
     masked = not symbolic_helper._is_none(attn_mask)
@@ -43,6 +49,34 @@ def scaled_dot_product_attention_symbolic(
     if p != 0.0:  # PyTorch passes a non-zero dropout_p only in training mode.
         attn_weight, _ = symbolic_opset12._dropout_returns_masked_input_and_mask(g, attn_weight, p, True)
     return g.op("MatMul", attn_weight, projected_value)
+
+
+def repeat_kv_heads(g: Any, query: Any, tensor: Any) -> Any:
+    """``tensor`` (``(..., kv_heads, length, dim)``) with each head repeated ``query_heads // kv_heads`` times in
+    place, ``tensor.repeat_interleave(query_heads // kv_heads, dim=-3)``: grouped-query attention's key or value."""
+    rank = symbolic_helper._get_tensor_rank(tensor)
+    if rank is None or rank < 3 or symbolic_helper._get_tensor_rank(query) != rank:
+        raise RuntimeError(
+            "scaled_dot_product_attention(enable_gqa=True): the export needs the rank of query, key and value "
+            f"(got {symbolic_helper._get_tensor_rank(query)} and {rank})"
+        )
+    heads_axis = rank - 3
+
+    def dims(shape: Any, start: int, end: int) -> Any:
+        return symbolic_helper._slice_helper(g, shape, axes=[0], starts=[start], ends=[end])
+
+    shape = g.op("Shape", tensor)
+    kv_heads = dims(shape, heads_axis, heads_axis + 1)
+    query_heads = dims(g.op("Shape", query), heads_axis, heads_axis + 1)
+    groups = g.op("Div", query_heads, kv_heads)
+    leading, trailing = dims(shape, 0, heads_axis + 1), dims(shape, heads_axis + 1, rank)
+    expanded = g.op(
+        "Expand",
+        symbolic_helper._unsqueeze_helper(g, tensor, [heads_axis + 1]),
+        g.op("Concat", leading, groups, trailing, axis_i=0),
+    )
+    heads_first = dims(shape, 0, heads_axis)
+    return g.op("Reshape", expanded, g.op("Concat", heads_first, query_heads, trailing, axis_i=0))
 
 
 def _without_empty_rows(g: Any, attn_weight: Any) -> Any:

@@ -20,7 +20,7 @@ import torch
 import torch.utils.checkpoint
 from torch.onnx import TrainingMode
 
-from lightning_ort._compat import python_random, python_reads, trace_checks
+from lightning_ort._compat import hf_attention, python_random, python_reads, trace_checks
 from lightning_ort._compat.assert_statements import in_assert_condition
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.checkpoint_regions import checkpointed_running_statistics
@@ -537,6 +537,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
+        stack.enter_context(hf_attention.exported_sdpa())
         functions = stack.enter_context(_record_autograd_functions())
         grad_regions = stack.enter_context(_record_grad_disabling(GradRegions(module, inputs)))
         calls.grad_regions = grad_regions

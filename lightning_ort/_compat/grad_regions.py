@@ -5,7 +5,8 @@ region. That changes training only where the region computes from something that
 (a parameter, an input that requires one): such regions are refused. Hugging Face's rotary embeddings
 (``@torch.no_grad()`` on ``LlamaRotaryEmbedding.forward`` since transformers 4.38, also Mistral, Qwen2,
 Gemma) compute from a buffer and the position ids only; their graph is the same either way, and the
-whole model fell back to PyTorch for them.
+whole model fell back to PyTorch for them. Their position ids are often ``arange(embeddings.shape[1])``:
+a size read carries no gradient, so the embedding behind it does not count.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class GradRegions:
         if value is None:
             return tensor.requires_grad
         safe = self._graph_inputs_without_gradient()
-        return any(graph_input.unique() not in safe for graph_input in graph_inputs_of(value))
+        return any(graph_input.unique() not in safe for graph_input in graph_inputs_of(value, through_sizes=False))
 
     def _graph_inputs_without_gradient(self) -> set[int]:
         if self._without_gradient is None:

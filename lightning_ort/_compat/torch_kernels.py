@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
 
-from lightning_ort._compat.attention import scaled_dot_product_attention_symbolic
+from lightning_ort._compat.attention import repeat_kv_heads, scaled_dot_product_attention_symbolic
 from lightning_ort._compat.conv_padding import convolution_mode_symbolic, explicit_padding
 from lightning_ort._compat.gradient_overloads import register_gradient, register_simple_gradient
 
@@ -186,11 +186,12 @@ def _attention(
     With dropout, ORT's graph keeps the attention (attention.py): a recomputing backward could not
     reproduce the forward's dropout mask."""
     dropout = symbolic_helper._maybe_get_const(dropout_p, "f")
-    grouped = symbolic_helper._maybe_get_const(enable_gqa, "b")
-    if symbolic_helper._is_value(dropout) or float(dropout) != 0.0 or grouped is not False:
+    if symbolic_helper._is_value(dropout) or float(dropout) != 0.0:
         return scaled_dot_product_attention_symbolic(
             g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
         )
+    if symbolic_helper._maybe_get_const(enable_gqa, "b") is not False:
+        key, value = repeat_kv_heads(g, query, key), repeat_kv_heads(g, query, value)
     if attn_mask is None:
         attn_mask = _none(g)
     if scale is None:

@@ -148,21 +148,29 @@ def _splits_varying_dimension(func: Any, args: tuple[Any, ...], kwargs: dict[str
     return value is not None and not fixed_size(value, dim)
 
 
-def _ancestors(values: list[torch._C.Value]) -> Iterator[torch._C.Value]:
-    """``values`` and every value the open trace computes them from, each once."""
+# Nodes that read only a tensor's shape: nothing flows back through them in backward.
+_SHAPE_READS = frozenset({"aten::size", "aten::sizes", "aten::numel", "aten::dim", "prim::shape"})
+
+
+def _ancestors(values: list[torch._C.Value], through_sizes: bool = True) -> Iterator[torch._C.Value]:
+    """``values`` and every value the open trace computes them from, each once (without the tensors whose
+    sizes alone it reads, unless ``through_sizes``)."""
     pending, seen = list(values), {value.unique() for value in values}
     while pending:
         value = pending.pop()
         yield value
+        if not through_sizes and value.node().kind() in _SHAPE_READS:
+            continue
         for operand in value.node().inputs():
             if operand.unique() not in seen:
                 seen.add(operand.unique())
                 pending.append(operand)
 
 
-def graph_inputs_of(value: torch._C.Value) -> Iterator[torch._C.Value]:
-    """The graph's inputs (the batch, parameters, buffers) the open trace computes ``value`` from."""
-    return (ancestor for ancestor in _ancestors([value]) if ancestor.node().kind() == "prim::Param")
+def graph_inputs_of(value: torch._C.Value, through_sizes: bool = True) -> Iterator[torch._C.Value]:
+    """The graph's inputs (the batch, parameters, buffers) the open trace computes ``value`` from; without
+    ``through_sizes``, only those a gradient of ``value`` could reach (not those whose sizes alone it reads)."""
+    return (ancestor for ancestor in _ancestors([value], through_sizes) if ancestor.node().kind() == "prim::Param")
 
 
 def computed_from_inputs(value: torch._C.Value) -> bool:
@@ -335,8 +343,6 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
                 _note(self.unsupported, f"its forward reads Tensor.requires_grad at {location}{_REQUIRES_GRAD_READ}")
         split = tracing and _splits_varying_dimension(func, args, kwargs)
         numbers = _varying_numbers(func, args, kwargs) if tracing and not sized else []  # pooling: its own reason
-        if tracing and self.grad_regions is not None:
-            self.grad_regions.check(args, kwargs)
         recorded = len(self.records)
         view_change = tracing and changes_a_view(func, args, kwargs) and self.views.of_held_tensor(args[0])
         if view_change and self.views.writable(args[0]):
@@ -347,6 +353,9 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
             result = func(*args, **kwargs)
         if tracing:
             self.views.record(func, args, result)
+        # a call that gives no tensor (x.device, x.dtype, x.size()) computes nothing a gradient could flow through
+        if tracing and self.grad_regions is not None and _has_tensor(result):
+            self.grad_regions.check(args, kwargs)
         if tracing and _copied_data(func, args, kwargs) == "numbers" and not _from_ort(sys._getframe(1)):
             # a tensor of Python numbers is the same on every call; a number read from the module is watched
             # by python_reads, one converted from a tensor has its own TracerWarning
@@ -379,6 +388,10 @@ class TracedCalls(torch.overrides.TorchFunctionMode):
             if not any(id(part) in returned or _has_uses(part) for part in parts):
                 _note(self.counted_splits, location)
         self._splits.clear()
+
+
+def _has_tensor(result: Any) -> bool:
+    return any(isinstance(leaf, torch.Tensor) for leaf in _pytree.tree_leaves(result))
 
 
 def _from_ort(caller: types.FrameType) -> bool:
