@@ -1,4 +1,4 @@
-"""Invalid settings stop with a clear message before any training step (docs/troubleshooting.md lists them).
+"""Invalid settings stop with a clear message before any training step (docs/faq.md lists them).
 
 Complements tests/test_strategy.py and tests/test_extension_cache.py, which cover the first of them.
 """

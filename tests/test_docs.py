@@ -7,8 +7,11 @@ Conventions in ``docs/*.md``:
   ones), with the working directory a temporary folder in which ``examples/`` is the repository's;
 - ``<!-- skip -->`` on the line before a block keeps it from running (fragments, GPU-only code);
 - ``<!-- output -->`` before a `````text`` block makes it the expected standard output of the
-  Python block before it, compared line by line with every number replaced by ``N`` (timings and
-  metrics vary between machines, the words do not);
+  Python block before it, compared line by line, numbers included: a page shows what it prints on any
+  x86-64 CPU, so its blocks print only figures that do not depend on the CPU's kernels (a metric that
+  float rounding could change is compared with eager's, or rounded where the rounding cannot reach);
+- ``<!-- output: numbers vary -->`` does the same with every number replaced by ``N``, for output
+  whose figures are measured (timings) rather than computed;
 - in `````console`` blocks, every ``$ lightning-ort fit|validate|test|predict ...`` line must parse
   (it is run with ``--print_config``); when the command itself ends in ``--print_config``, the lines
   shown after it must appear in what it prints, in order (a ``...`` line skips any number of lines).
@@ -50,6 +53,7 @@ NOT_RUN = {
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _CLI_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+_OUTPUT_MARKERS = ("<!-- output -->", "<!-- output: numbers vary -->")
 
 
 @dataclass
@@ -62,6 +66,7 @@ class Block:
     code: str
     skip: bool = False
     expected: str | None = None  # for Python blocks: the output block that follows, if any
+    numbers_vary: bool = False  # the output block was marked ``<!-- output: numbers vary -->``
 
 
 def parse(page: Path) -> list[Block]:
@@ -88,13 +93,14 @@ def parse(page: Path) -> list[Block]:
             end += 1
         body = [line[len(indent) :] if line.startswith(indent) else line.lstrip() for line in lines[index + 1 : end]]
         block = Block(page.name, index + 1, match["lang"], "\n".join(body) + "\n", skip=marker == "<!-- skip -->")
-        if marker == "<!-- output -->":
-            assert block.lang == "text", f"{page.name}:{block.line}: <!-- output --> must precede a ```text block"
+        if marker in _OUTPUT_MARKERS:
+            assert block.lang == "text", f"{page.name}:{block.line}: {marker} must precede a ```text block"
             assert last_python is not None, (
                 f"{page.name}:{block.line}: <!-- output --> without a Python block before it"
             )
             assert last_python.expected is None, f"{page.name}:{block.line}: a second output for one Python block"
             last_python.expected = block.code
+            last_python.numbers_vary = marker == "<!-- output: numbers vary -->"
         if block.lang == "python":
             last_python = block
         blocks.append(block)
@@ -107,6 +113,11 @@ def masked(text: str) -> list[str]:
     """Lines of ``text`` without trailing space or surrounding blank lines, numbers replaced by ``N``."""
     lines = [_NUMBER.sub("N", line.rstrip()) for line in text.strip("\n").splitlines()]
     return lines
+
+
+def exact(text: str) -> list[str]:
+    """Lines of ``text`` without trailing space or surrounding blank lines, numbers as they are."""
+    return [line.rstrip() for line in text.strip("\n").splitlines()]
 
 
 def pages_with_python() -> list[str]:
@@ -143,8 +154,10 @@ def test_python_blocks_run_and_print_what_the_page_shows(
         exec(compile(block.code, f"docs/{name}:{block.line}", "exec"), namespace)  # noqa: S102
         out = capfd.readouterr().out
         if block.expected is not None:
-            assert masked(out) == masked(block.expected), (
-                f"docs/{name}:{block.line} printed (numbers as N; update the page's output block):\n{out}"
+            compare = masked if block.numbers_vary else exact
+            assert compare(out) == compare(block.expected), (
+                f"docs/{name}:{block.line} printed (update the page's output block, or the block if a figure"
+                f" depends on the CPU):\n{out}"
             )
 
 
