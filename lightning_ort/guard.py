@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils import _pytree
 
 from lightning_ort import _compat
 from lightning_ort.adapter import ForwardAdapter
 from lightning_ort.dataclass_io import from_mappings, to_mappings
 from lightning_ort.errors import ORTFallbackError, ORTUnsupportedModelError
+from lightning_ort.rank_zero import rank_zero_user_warn
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ class ORTGuard:
                 "Fix: change the module, or pass ORTStrategy(fallback='warn') to run it in PyTorch."
             ) from error
         log.debug("ORT failure for %s", self.report.name, exc_info=error)
-        rank_zero_warn(
+        rank_zero_user_warn(
             f"lightning_ort: ORT cannot run `{self.report.name}` ({type(self.owner).__name__}) in its {graph} "
             f"graph; PyTorch runs it in {'training' if training else 'eval/no-grad'} mode from now on. "
             f"Reason: {reason}"
