@@ -12,6 +12,7 @@ from lightning_ort.errors import (
     ORTUnsupportedModelError,
 )
 from lightning_ort.guard import ORTModuleReport
+from lightning_ort.precision import ORTPrecision
 from lightning_ort.strategy import ORTStrategy
 from lightning_ort.wrapping import ORTStrategyMixin
 
@@ -24,6 +25,7 @@ __all__ = [
     "ORTFallbackError",
     "ORTModuleReport",
     "ORTParityError",
+    "ORTPrecision",
     "ORTSetupError",
     "ORTStrategy",
     "ORTStrategyMixin",

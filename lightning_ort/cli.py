@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import importlib
 import os
-import statistics
 import sys
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.cli import ArgsType, LightningCLI
+from jsonargparse import Namespace
+from jsonargparse._actions import _ActionHelpClassPath
+from jsonargparse._typehints import ActionTypeHint
+from jsonargparse._util import NestedArg, get_import_path
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
 import lightning_ort  # noqa: F401  (registers strategy="ort")
-from lightning_ort.timing import StepTimer
-from lightning_ort.wrapping import ORTStrategyMixin
+from lightning_ort.summary import RunSummary
 
 __all__ = ["ORTLightningCLI", "RunSummary", "main"]
 
@@ -35,68 +36,77 @@ through ONNX Runtime with `--trainer.strategy=ort` (lightning_ort is imported, s
 `lightning-ort setup [--verbose]` builds ORT's C++ extensions into the cache instead."""
 
 
-class RunSummary(StepTimer):
-    """At the end of ``fit``, ``validate`` or ``test``: print the final metrics, the training speed and
-    what ORT ran; log ``steps_per_sec`` and ``first_step_sec`` to the Trainer's loggers.
-
-    ``lightning-ort`` adds one to every Trainer (``ORTLightningCLI(summary=False)`` leaves it out).
-    The first training steps include one-off costs (for ORT: exporting the model and building its
-    graphs), so the speed is the median step time after the first ``warmup`` steps.
-
-    Args:
-        warmup: steps left out of the median step time.
-    """
-
-    @override
-    @rank_zero_only
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage not in ("fit", "validate", "test"):
-            return
-        stage = getattr(stage, "value", stage)
-        lines = [f"lightning-ort {stage} summary (strategy: {type(trainer.strategy).__name__})"]
-        if stage == "fit" and self.step_times:
-            speed = self.steps_per_second
-            detail = f"{len(self.step_times)} steps, first {self.step_times[0]:.3f} s"
-            if speed is not None:
-                steady = self.step_times[self._warmup_used :]
-                detail += (
-                    f", then {speed:.2f} steps/s (steps {self._warmup_used + 1}-{len(self.step_times)}: "
-                    f"median {self.median_step:.4f} s, mean {statistics.fmean(steady):.4f} s)"
-                )
-                for logger in trainer.loggers:
-                    logger.log_metrics(
-                        {"steps_per_sec": speed, "first_step_sec": self.step_times[0]}, step=trainer.global_step
-                    )
-            lines.append(f"  training: {detail}")
-        metrics = {name: value for name, value in sorted(trainer.callback_metrics.items()) if value.numel() == 1}
-        if metrics:
-            lines.append(
-                "  final metrics: " + "  ".join(f"{name}={float(value):.4f}" for name, value in metrics.items())
-            )
-        if isinstance(trainer.strategy, ORTStrategyMixin):
-            lines += [f"  {line}" for line in _ort_lines(trainer.strategy)]
-        print("\n".join(lines), flush=True)
-
-    @property
-    def _warmup_used(self) -> int:
-        return self.warmup if self.step_times[self.warmup :] else 1
+def _registered_class(name: object) -> dict[str, Any] | None:
+    """The ``StrategyRegistry`` entry of a strategy name (``"ort"``, ``"ort_ddp_spawn"``, ``"ddp"``), matched
+    as the Trainer matches it (also in lower case); ``None`` for anything else."""
+    if not isinstance(name, str):
+        return None
+    for key in (name, name.lower()):
+        if key in StrategyRegistry:
+            return StrategyRegistry[key]
+    return None
 
 
-def _ort_lines(strategy: ORTStrategyMixin) -> list[str]:
-    """One line per module ORT was asked to run: its calls, and why ORT gave up if it did."""
-    reports = strategy.ort_reports
-    if not reports:
-        return ["ORT ran nothing (no module was selected)"]
-    lines = []
-    for report in reports:
-        line = f"ORT ran `{report.name}`: {report.ort_calls} calls in ORT, {report.torch_calls} in PyTorch"
-        for graph, reason in (("training", report.fallback_reason), ("inference", report.eval_fallback_reason)):
-            if reason is not None:
-                line += f"; gave up on its {graph} graph: {reason}"
-        for reason, calls in report.torch_call_reasons.items():
-            line += f"; {calls} in PyTorch because {reason}"
-        lines.append(line)
-    return lines
+def _registered_class_path(name: object) -> Namespace | None:
+    """A registered strategy name as the class path jsonargparse takes (with the entry's ``init_params``)."""
+    entry = _registered_class(name)
+    if entry is None:
+        return None
+    strategy = entry["strategy"]
+    spec = Namespace(class_path=get_import_path(strategy))
+    if entry["init_params"]:
+        spec["init_args"] = Namespace(**entry["init_params"])
+    return spec
+
+
+def _sets_options(value: object) -> bool:
+    """Whether a value given for ``trainer.strategy`` sets options of the strategy already chosen:
+    ``--trainer.strategy.fallback=raise``, ``--trainer.strategy.init_args.fallback=raise``, or a config's
+    ``strategy: {init_args: {...}}`` (but not one naming a ``class_path`` of its own)."""
+    if isinstance(value, NestedArg):
+        return value.key != "class_path"
+    return isinstance(value, (dict, Namespace)) and "class_path" not in value
+
+
+class _StrategyArgument(ActionTypeHint):
+    """The Trainer's ``strategy`` argument, where a registered name such as ``ort`` turns into its class
+    (``{class_path: lightning_ort.ORTStrategy}``) as soon as an option of the strategy is given after it.
+
+    jsonargparse applies ``--trainer.strategy.fallback=raise`` to the class path given before it; a
+    registered name is a plain string to it, so without this the option fails with "Does not validate
+    against any of the Union subtypes". A name given alone stays a name (``--print_config`` shows
+    ``strategy: ort``)."""
+
+    # jsonargparse passes only the keyword arguments this signature names, so it is spelled out
+    def _check_type(self, value: Any, append: bool = False, cfg: Namespace | None = None, mode: Any = None) -> Any:
+        spec = _registered_class_path(cfg.get(self.dest)) if cfg is not None and _sets_options(value) else None
+        if spec is None:
+            return super()._check_type(value, append=append, cfg=cfg, mode=mode)
+        assert cfg is not None
+        cfg = cfg.clone()
+        cfg[self.dest] = spec
+        checked = super()._check_type(value, append=append, cfg=cfg, mode=mode)
+        if isinstance(checked, Namespace) and "class_path" in checked:  # class_path first, as when given so
+            checked = Namespace(class_path=checked.pop("class_path"), **vars(checked))
+        return checked
+
+
+class _StrategyHelp(_ActionHelpClassPath):
+    """``--trainer.strategy.help`` that also takes a registered name (``--trainer.strategy.help ort``)."""
+
+    def resolve_help_type(self, value: Any, option_string: str) -> type:
+        entry = _registered_class(value)
+        return super().resolve_help_type(
+            value if entry is None else get_import_path(entry["strategy"]),
+            option_string,
+        )
+
+
+STRATEGY_HELP = (
+    " With lightning_ort: `ort` (ORTStrategy) or `ort_ddp` (ORTDDPStrategy). Set an option of the strategy"
+    " with `--trainer.strategy.fallback=raise` (also after `strategy: ort` in a config); list its options"
+    " with `--trainer.strategy.help ORTStrategy`."
+)
 
 
 def _strategy_from_class_path(value: str) -> str | Strategy:
@@ -129,6 +139,16 @@ class ORTLightningCLI(LightningCLI):
     def __init__(self, *args: Any, summary: bool = True, **kwargs: Any) -> None:
         self.summary = summary
         super().__init__(*args, **kwargs)
+
+    @override
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_core_arguments_to_parser(parser)
+        for action in parser._actions:
+            if action.dest == "trainer.strategy" and type(action) is ActionTypeHint:
+                action.__class__ = _StrategyArgument
+                action.help = (action.help or "") + STRATEGY_HELP
+            elif action.dest == "trainer.strategy.help" and type(action) is _ActionHelpClassPath:
+                action.__class__ = _StrategyHelp
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:

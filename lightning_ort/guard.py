@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils import _pytree
 
 from lightning_ort import _compat
 from lightning_ort.adapter import ForwardAdapter
 from lightning_ort.dataclass_io import from_mappings, to_mappings
 from lightning_ort.errors import ORTFallbackError, ORTUnsupportedModelError
+from lightning_ort.rank_zero import rank_zero_user_warn
 from lightning_ort.time_budget import time_budget
 
 log = logging.getLogger(__name__)
@@ -455,7 +455,7 @@ class ORTGuard:
             log.info(message)
             return
         self._warned.add(reason)
-        rank_zero_warn(message)
+        rank_zero_user_warn(message)
 
     @contextlib.contextmanager
     def bypassed(self) -> Iterator[None]:

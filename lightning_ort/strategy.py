@@ -29,7 +29,9 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         modules: names of submodules to run in ORT (e.g. ``["encoder", "decoder"]``) instead of the
             automatic choice. ``"forward"`` names the LightningModule's own forward; a
             ``nn.ModuleList`` or ``nn.ModuleDict`` stands for its items.
-        log_level: ORT's log level: ``"VERBOSE"``, ``"INFO"``, ``"WARNING"``, ``"ERROR"`` or ``"FATAL"``.
+        log_level: ORT's log level: ``"VERBOSE"``, ``"INFO"``, ``"WARNING"``, ``"ERROR"`` or ``"FATAL"``, in
+            upper or lower case; Python's ``"DEBUG"`` and ``"CRITICAL"`` mean ORT's lowest and highest,
+            ``"VERBOSE"`` and ``"FATAL"``. ``strategy.log_level`` holds ORT's name.
         fallback: what happens when ORT cannot export or run a module: ``"warn"`` trains it in
             PyTorch after one warning; ``"raise"`` stops with ORT's reason.
         intra_op_num_threads: threads of ORT's intra-op pool; ``None`` lets ORT decide.

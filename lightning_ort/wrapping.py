@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -29,11 +30,19 @@ from lightning_ort.memory import validate_memory_options
 from lightning_ort.optim import fuse_again, fuse_optimizer, unfused_state
 from lightning_ort.precision import ort_precision
 from lightning_ort.selection import FORWARD, select_modules, trainable_children
+from lightning_ort.summary import RunSummary, fit_summary
 
 log = logging.getLogger(__name__)
 
-LogLevel = Literal["VERBOSE", "INFO", "WARNING", "ERROR", "FATAL"]
-_LOG_LEVELS = ("VERBOSE", "INFO", "WARNING", "ERROR", "FATAL")
+LogLevel = Literal[
+    "VERBOSE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL", "CRITICAL",
+    "verbose", "debug", "info", "warning", "error", "fatal", "critical",
+]  # fmt: skip
+# ORT's level for each accepted name, in either case: Python's DEBUG and CRITICAL are ORT's lowest and highest.
+_LOG_LEVELS: dict[str, _compat.LogLevelName] = {
+    "VERBOSE": "VERBOSE", "DEBUG": "VERBOSE", "INFO": "INFO", "WARNING": "WARNING",
+    "ERROR": "ERROR", "FATAL": "FATAL", "CRITICAL": "FATAL",
+}  # fmt: skip
 _FALLBACKS = ("warn", "raise")
 
 
@@ -45,7 +54,7 @@ class ORTStrategyMixin(Strategy):
     """
 
     modules: list[str] | None
-    log_level: LogLevel
+    log_level: _compat.LogLevelName
     fallback: FallbackMode
     custom_autograd: bool | None
     fused_optimizer: bool
@@ -57,6 +66,7 @@ class ORTStrategyMixin(Strategy):
     _auto_forward: bool
     _warned: set[str]
     _retired_share: float | None
+    _batch_starts: list[float]
 
     def _init_ort(
         self,
@@ -79,8 +89,12 @@ class ORTStrategyMixin(Strategy):
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
-        if log_level not in _LOG_LEVELS:
-            raise ValueError(f"{name}(log_level={log_level!r}) is not one of {', '.join(_LOG_LEVELS)}.")
+        level = _LOG_LEVELS.get(log_level.upper()) if isinstance(log_level, str) else None
+        if level is None:
+            raise ValueError(
+                f"{name}(log_level={log_level!r}) is not one of VERBOSE, INFO, WARNING, ERROR, FATAL or Python's "
+                "DEBUG (VERBOSE) and CRITICAL (FATAL), in upper or lower case."
+            )
         if fallback not in _FALLBACKS:
             raise ValueError(f"{name}(fallback={fallback!r}) must be 'warn' or 'raise'.")
         if modules is not None and (
@@ -119,14 +133,14 @@ class ORTStrategyMixin(Strategy):
             raise ValueError(f"{name}(export_timeout={export_timeout!r}) must be a positive number of seconds or None.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
         self.modules = list(modules) if modules is not None else None
-        self.log_level = log_level
+        self.log_level = level
         self.fallback = fallback
         self.custom_autograd = custom_autograd
         self.fused_optimizer = fused_optimizer
         self.fullgraph = fullgraph
         self.export_timeout = None if export_timeout is None else float(export_timeout)
         self.runtime_options = _compat.ORTRuntimeOptions(
-            log_level=log_level,
+            log_level=level,
             intra_op_num_threads=intra_op_num_threads,
             allow_spinning=allow_spinning,
             memory_optimization_level=memory_optimization_level,
@@ -330,3 +344,27 @@ class ORTStrategyMixin(Strategy):
         # ORT's export rules would make a later LightningModule.to_onnx write nodes only ORT's training build runs
         _compat.remove_training_symbolics()
         super().teardown()
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._batch_starts = []
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        self._batch_starts.append(time.perf_counter())
+
+    @override
+    def on_train_end(self) -> None:
+        """Log the run summary (what ran in ORT, the first step's cost, steps/s) through Lightning's logger,
+        on rank zero, unless a :class:`~lightning_ort.cli.RunSummary` callback prints its own."""
+        super().on_train_end()
+        end = time.perf_counter()
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is not None and any(isinstance(callback, RunSummary) for callback in trainer.callbacks):
+            return
+        summary = fit_summary(
+            type(self).__name__, self.ort_reports, self._batch_starts, end, share=self.ort_parameter_share
+        )
+        rank_zero_info(summary)

@@ -27,7 +27,7 @@ ORTDDPStrategy.register_strategies(StrategyRegistry)  # until lightning_ort/__in
 
 STRATEGIES = [ORTStrategy, ORTDDPStrategy]
 OPTION_ERRORS = [
-    ({"log_level": "warning"}, ValueError, "(log_level='warning') is not one of VERBOSE, INFO, WARNING, ERROR, FATAL"),
+    ({"log_level": "loud"}, ValueError, "(log_level='loud') is not one of VERBOSE, INFO, WARNING, ERROR, FATAL"),
     ({"fallback": None}, ValueError, "(fallback=None) must be 'warn' or 'raise'"),
     ({"modules": "encoder"}, TypeError, "(modules='encoder') must be a list of submodule names, e.g. ['encoder']"),
     ({"modules": ["body", 3]}, TypeError, "(modules=['body', 3]) must be a list of submodule names"),

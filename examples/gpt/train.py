@@ -94,7 +94,6 @@ def main(argv: list[str] | None = None) -> None:
         log_every_n_steps=10,
         callbacks=[timer],
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(model, datamodule=datamodule)
@@ -108,19 +107,6 @@ def main(argv: list[str] | None = None) -> None:
     if timer.median_step is not None and timer.steps_per_second is not None:
         print(f"median step: {timer.median_step:.4f} s (steps {timer.warmup + 1}-{len(timer.step_times)})")
         print(f"steps/s: {timer.steps_per_second:.2f}")
-
-    if isinstance(trainer.strategy, ORTStrategy):
-        reports = trainer.strategy.ort_reports
-        if not reports:
-            print("ORT ran nothing (no module was selected)")
-        for report in reports:
-            if report.fallback_reason is None:
-                print(f"ORT ran {report.name}: {report.ort_calls} ORT calls, {report.torch_calls} PyTorch calls")
-            else:
-                print(
-                    f"ORT gave up on {report.name} after {report.ort_calls} ORT calls "
-                    f"({report.torch_calls} PyTorch calls): {report.fallback_reason}"
-                )
 
     if args.sample > 0:
         model.eval()
