@@ -49,9 +49,10 @@ _SIZES_ARE_TENSORS = (
     "from a number the module keeps)"
 )
 _BRANCH_ON_SIZES = (
-    "its forward has Python control flow on sizes at {location} (if h.shape[-2:] != skip.shape[-2:]): under the "
-    "export sizes are tensors, and the graph would keep the branch the first batch took. Fix: take the branch on "
-    "every call (always interpolate to skip.shape[-2:]), or keep that module out of ORT with ORTStrategy(modules=[...])"
+    "its forward has Python control flow on sizes at {location} ({line}): under the export sizes are tensors, "
+    "and the graph would keep the branch the first batch took (lightning_ort checks such a branch on every call "
+    "only where it can compute its sizes from forward's inputs). Fix: take the branch on every call (compute both "
+    "sides with tensor operations, torch.where), or keep that module out of ORT with ORTStrategy(modules=[...])"
 )
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
@@ -663,7 +664,10 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         first = unsafe[0]
         text = str(first.message)
         if "boolean" in text and _reads_sizes(first.filename, first.lineno):  # the hint in place of torch's text
-            raise ORTUnsupportedModelError(_BRANCH_ON_SIZES.format(location=f"{first.filename}:{first.lineno}"))
+            line = linecache.getline(first.filename, first.lineno).strip()
+            raise ORTUnsupportedModelError(
+                _BRANCH_ON_SIZES.format(location=f"{first.filename}:{first.lineno}", line=line or "source not found")
+            )
         sizes = _SIZES_ARE_TENSORS if "Converting a tensor to a Python" in text and "boolean" not in text else ""
         raise ORTUnsupportedModelError(
             "its forward has Python control flow or values that depend on tensor data, which the ONNX "
