@@ -38,6 +38,8 @@ class ORTModuleReport:
         eval_fallback_reason: why ORT's inference graph was given up, or ``None``.
         torch_call_reasons: why single calls ran in PyTorch while ORT kept both graphs (a training-mode
             module under ``no_grad``, another autocast state), with how many calls each.
+        size_exports: exports again because a Python branch on sizes went the other way for a call's
+            input sizes than in the graph's export (``_compat/size_guards.py``).
     """
 
     name: str
@@ -46,6 +48,7 @@ class ORTModuleReport:
     fallback_reason: str | None = None
     eval_fallback_reason: str | None = None
     torch_call_reasons: dict[str, int] = field(default_factory=dict)
+    size_exports: int = 0
 
     @property
     def uses_ort(self) -> bool:
@@ -72,6 +75,9 @@ _READ_BEFORE_BACKWARD = "a Python value its graph holds as a constant changed" +
 # ORT calls after an export for a changed Python value before another such export; a value that changes
 # more often (every step) sends the module to PyTorch, where exporting on every change would cost more
 _CALLS_BETWEEN_READ_EXPORTS = 10
+_SIZES_BEFORE_BACKWARD = "a branch on sizes went the other way" + _BEFORE_BACKWARD
+# Exports for branches on sizes per module; past them, calls whose sizes the graph does not hold run in PyTorch
+_MAX_SIZE_EXPORTS = 8
 
 # What some errors of ORT and of torch's export mean for the user's module, and the fix
 _COMPLEX = (
@@ -303,6 +309,18 @@ class ORTGuard:
                 return self._in_pytorch(_READ_BEFORE_BACKWARD, args, kwargs)
             self._export_again_for_read(changed)
             changed = None
+        sizes = _compat.changed_size_decision(self._adapter, graph, ort_args, ort_kwargs)
+        if sizes is not None:
+            if graph and _compat.backward_pending(self._ort_module):
+                return self._in_pytorch(_SIZES_BEFORE_BACKWARD, args, kwargs)
+            if self.report.size_exports >= _MAX_SIZE_EXPORTS:
+                return self._in_pytorch(
+                    f"{sizes.split(' (')[0]}, after {_MAX_SIZE_EXPORTS} exports for such", args, kwargs
+                )
+            log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, sizes)
+            _compat.forget_size_decisions(self._adapter, graph)
+            _compat.export_again(self._ort_module, graph)
+            self.report.size_exports += 1
         _compat.set_training_flag(self._ort_module, graph, training)
         try:
             self._check_python_state(modules, changed)

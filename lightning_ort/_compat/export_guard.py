@@ -20,7 +20,7 @@ import torch
 import torch.utils.checkpoint
 from torch.onnx import TrainingMode
 
-from lightning_ort._compat import python_random, python_reads, trace_checks
+from lightning_ort._compat import python_random, python_reads, size_guards, trace_checks
 from lightning_ort._compat.assert_statements import in_assert_condition
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.checkpoint_regions import checkpointed_running_statistics
@@ -535,6 +535,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         calls = stack.enter_context(traced_calls(module, _user_frame, records))
         iterations = stack.enter_context(trace_checks.varying_iterations(_user_frame))
         stack.enter_context(trace_checks.fixed_size_numbers())
+        decisions = stack.enter_context(size_guards.recorded_decisions(adapter_of(module), _user_frame))
         inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
@@ -660,6 +661,8 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
     unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
     if any(record.filename == _ORT_OUTPUT_FLATTENING for record in unsafe):
         raise ORTUnsupportedModelError(_NUMBER_OUTPUT)
+    if not unsafe:
+        size_guards.keep_decisions(adapter_of(module), decisions, exported.traced)
     if unsafe:
         first = unsafe[0]
         text = str(first.message)
