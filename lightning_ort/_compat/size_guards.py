@@ -82,6 +82,8 @@ _BROADCASTING = frozenset(
 )  # fmt: skip
 _FACTORIES = frozenset(f"aten::{name}" for name in ("ones", "zeros", "empty", "full", "rand", "randn", "new_ones",
                                                      "new_zeros", "new_empty", "new_full"))  # fmt: skip
+# Reductions over listed dimensions: (input, dims, keepdim, ...)
+_REDUCTIONS = frozenset(f"aten::{name}" for name in ("mean", "sum", "amax", "amin", "var", "std", "logsumexp"))
 _GUARDS_ATTR = "_lightning_ort_size_guards"
 
 
@@ -301,6 +303,8 @@ class _Follower:
             return self._matmul(first, second, dim, rank, depth)
         if kind == "aten::scaled_dot_product_attention":  # query's shape, with value's last dimension
             return self.size(inputs[2] if dim == rank - 1 else inputs[0], dim - rank, depth)
+        if kind in _REDUCTIONS and len(inputs) >= 3:
+            return self._reduced(inputs, dim, rank, depth)
         if kind == "aten::gather":  # the index's shape
             return self.size(inputs[2], dim, depth)
         if kind == "aten::index_select":
@@ -321,6 +325,29 @@ class _Follower:
                 return self.size(parts[0], dim, depth)
             return self._node("sum", *(self.size(part, dim, depth) for part in parts))
         raise _Unknown(kind)
+
+    def _reduced(self, inputs: list[torch._C.Value], dim: int, rank: int, depth: int) -> int:
+        """A dimension of ``mean``/``sum``/``amax``/``amin`` over constant dimensions, kept (as 1) or dropped."""
+        source_rank = inputs[0].type().dim()
+        listed = inputs[1].node()
+        dims = (
+            [_constant(d) for d in listed.inputs()] if listed.kind() == "prim::ListConstruct" else _constant(inputs[1])
+        )
+        keepdim = _constant(inputs[2])
+        if isinstance(dims, int):
+            dims = [dims]
+        if (
+            not isinstance(dims, (list, tuple))
+            or not all(isinstance(axis, int) for axis in dims)
+            or not isinstance(keepdim, bool)
+            or source_rank is None
+        ):
+            raise _Unknown("a reduction over dimensions it cannot read")
+        reduced = {axis % source_rank for axis in dims} if dims else set(range(source_rank))
+        if keepdim:
+            return self._const(1) if dim in reduced else self.size(inputs[0], dim, depth)
+        kept = [axis for axis in range(source_rank) if axis not in reduced]
+        return self.size(inputs[0], kept[dim], depth)
 
     def _matmul(self, first: torch._C.Value, second: torch._C.Value, dim: int, rank: int, depth: int) -> int:
         """A dimension of ``first @ second``, both of rank 2 or more: rows from ``first``, columns from ``second``,
