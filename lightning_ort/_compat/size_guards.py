@@ -25,6 +25,7 @@ import math
 import operator
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,7 @@ _FACTORIES = frozenset(f"aten::{name}" for name in ("ones", "zeros", "empty", "f
                                                      "new_zeros", "new_empty", "new_full"))  # fmt: skip
 # Reductions over listed dimensions: (input, dims, keepdim, ...)
 _REDUCTIONS = frozenset(f"aten::{name}" for name in ("mean", "sum", "amax", "amin", "var", "std", "logsumexp"))
-_GUARDS_ATTR = "_lightning_ort_size_guards"
+_GUARDS: weakref.WeakKeyDictionary[torch.nn.Module, SizeGuards] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,11 @@ class SizeGuards:
 
 
 def guards_of(adapter: torch.nn.Module) -> SizeGuards:
-    """The size guards of the module ORT runs (lightning_ort's ForwardAdapter)."""
-    guards = adapter.__dict__.get(_GUARDS_ATTR)
+    """The size guards of the module ORT runs (lightning_ort's ForwardAdapter). Kept outside the module: the
+    export cache keys a module by its attributes, and these change with every call."""
+    guards = _GUARDS.get(adapter)
     if guards is None:
-        guards = SizeGuards()
-        object.__setattr__(adapter, _GUARDS_ATTR, guards)
+        guards = _GUARDS[adapter] = SizeGuards()
     return guards
 
 
