@@ -42,6 +42,8 @@ class ORTModuleReport:
         parameters: the module's trainable parameters (elements) when it was wrapped.
         submodules: after ORT gave up on the module's training graph, the submodules ORT runs instead
             (each with a report of its own); the module's own code between them runs in PyTorch.
+        size_exports: exports again because a Python branch on sizes went the other way for a call's
+            input sizes than in the graph's export (``_compat/size_guards.py``).
     """
 
     name: str
@@ -52,6 +54,7 @@ class ORTModuleReport:
     torch_call_reasons: dict[str, int] = field(default_factory=dict)
     parameters: int = 0
     submodules: list[str] = field(default_factory=list)
+    size_exports: int = 0
 
     @property
     def uses_ort(self) -> bool:
@@ -82,6 +85,9 @@ _READ_BEFORE_BACKWARD = "a Python value its graph holds as a constant changed" +
 # ORT calls after an export for a changed Python value before another such export; a value that changes
 # more often (every step) sends the module to PyTorch, where exporting on every change would cost more
 _CALLS_BETWEEN_READ_EXPORTS = 10
+_SIZES_BEFORE_BACKWARD = "a branch on sizes went the other way" + _BEFORE_BACKWARD
+# Exports for branches on sizes per module; past them, calls whose sizes the graph does not hold run in PyTorch
+_MAX_SIZE_EXPORTS = 8
 
 # What some errors of ORT and of torch's export mean for the user's module, and the fix
 _COMPLEX = (
@@ -331,6 +337,18 @@ class ORTGuard:
                 return self._in_pytorch(_READ_BEFORE_BACKWARD, args, kwargs)
             self._export_again_for_read(changed)
             changed = None
+        sizes = _compat.changed_size_decision(self._adapter, graph, ort_args, ort_kwargs)
+        if sizes is not None:
+            if graph and _compat.backward_pending(self._ort_module):
+                return self._in_pytorch(_SIZES_BEFORE_BACKWARD, args, kwargs)
+            if self.report.size_exports >= _MAX_SIZE_EXPORTS:
+                return self._in_pytorch(
+                    f"{sizes.split(' (')[0]}, after {_MAX_SIZE_EXPORTS} exports for such", args, kwargs
+                )
+            log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, sizes)
+            _compat.forget_size_decisions(self._adapter, graph)
+            self._export_again(graph)
+            self.report.size_exports += 1
         _compat.set_training_flag(self._ort_module, graph, training)
         budget = self._export_timeout if graph in self._exports_due else None
         try:

@@ -50,6 +50,8 @@ from lightning_ort._compat.runtime import (
     set_training_flag,
     wrap_module,
 )
+from lightning_ort._compat.size_guards import changed_decision as changed_size_decision
+from lightning_ort._compat.size_guards import forget_graph as forget_size_decisions
 from lightning_ort._compat.trace_checks import hooks_problem, refresh_hooked_weights, summary_hooks
 
 __all__ = [
@@ -71,6 +73,8 @@ __all__ = [
     "backward_pending",
     "batch_counters",
     "changed_python_read",
+    "changed_size_decision",
+    "forget_size_decisions",
     "forget_python_reads",
     "check_device",
     "check_installation",

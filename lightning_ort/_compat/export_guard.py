@@ -20,7 +20,7 @@ import torch
 import torch.utils.checkpoint
 from torch.onnx import TrainingMode
 
-from lightning_ort._compat import hf_attention, python_random, python_reads, trace_checks
+from lightning_ort._compat import hf_attention, python_random, python_reads, size_guards, trace_checks
 from lightning_ort._compat.assert_statements import in_assert_condition
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.checkpoint_regions import checkpointed_running_statistics
@@ -49,9 +49,10 @@ _SIZES_ARE_TENSORS = (
     "from a number the module keeps)"
 )
 _BRANCH_ON_SIZES = (
-    "its forward has Python control flow on sizes at {location} (if h.shape[-2:] != skip.shape[-2:]): under the "
-    "export sizes are tensors, and the graph would keep the branch the first batch took. Fix: take the branch on "
-    "every call (always interpolate to skip.shape[-2:]), or keep that module out of ORT with ORTStrategy(modules=[...])"
+    "its forward has Python control flow on sizes at {location} ({line}): under the export sizes are tensors, "
+    "and the graph would keep the branch the first batch took (lightning_ort checks such a branch on every call "
+    "only where it can compute its sizes from forward's inputs). Fix: take the branch on every call (compute both "
+    "sides with tensor operations, torch.where), or keep that module out of ORT with ORTStrategy(modules=[...])"
 )
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ONNX_DIR = os.path.join(_TORCH_DIR, "onnx") + os.sep
@@ -534,6 +535,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         calls = stack.enter_context(traced_calls(module, _user_frame, records))
         iterations = stack.enter_context(trace_checks.varying_iterations(_user_frame))
         stack.enter_context(trace_checks.fixed_size_numbers())
+        decisions = stack.enter_context(size_guards.recorded_decisions(adapter_of(module), _user_frame))
         inputs = stack.enter_context(trace_checks.input_copies())
         stack.enter_context(_torchscript_exporter(exported))
         stack.enter_context(attention_fast_path_off())
@@ -660,11 +662,16 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
     unsafe = [record for record in records if _is_unsafe_tracer_warning(record)]
     if any(record.filename == _ORT_OUTPUT_FLATTENING for record in unsafe):
         raise ORTUnsupportedModelError(_NUMBER_OUTPUT)
+    if not unsafe:
+        size_guards.keep_decisions(adapter_of(module), decisions, exported.traced)
     if unsafe:
         first = unsafe[0]
         text = str(first.message)
         if "boolean" in text and _reads_sizes(first.filename, first.lineno):  # the hint in place of torch's text
-            raise ORTUnsupportedModelError(_BRANCH_ON_SIZES.format(location=f"{first.filename}:{first.lineno}"))
+            line = linecache.getline(first.filename, first.lineno).strip()
+            raise ORTUnsupportedModelError(
+                _BRANCH_ON_SIZES.format(location=f"{first.filename}:{first.lineno}", line=line or "source not found")
+            )
         sizes = _SIZES_ARE_TENSORS if "Converting a tensor to a Python" in text and "boolean" not in text else ""
         raise ORTUnsupportedModelError(
             "its forward has Python control flow or values that depend on tensor data, which the ONNX "

@@ -8,6 +8,8 @@ Anything this module does not follow counts as varying.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _SAME_SHAPE = frozenset(
@@ -18,6 +20,34 @@ _SAME_SHAPE = frozenset(
     )
 )  # fmt: skip
 _MAX_DEPTH = 64
+# Answers of the query in progress, by trace value and dimension (-1 for a number), each with the depth it
+# was reached at: the recursion meets the same value on many paths (each residual add doubles them), and
+# without this a query's time grew as 2 ** blocks (a 12-block ViT took minutes per call).
+_MEMO: dict[tuple[int, int], tuple[bool, int]] | None = None
+
+
+def _remembered(value: torch._C.Value, dim: int, depth: int, answer: Callable[[], bool]) -> bool:
+    """``answer()`` for ``value``'s dimension ``dim`` reached at ``depth``, once per query where it can be.
+
+    True holds at any depth; False reached at depth ``d`` holds at any depth ``>= d`` (less of the
+    budget is left there), so the result is the plain recursion's; a False from deeper down is computed
+    again, at most ``_MAX_DEPTH`` times per value, which keeps a query linear in the size of the trace.
+    The memo lives for the outermost query only: the open trace grows between queries."""
+    global _MEMO
+    outermost = _MEMO is None
+    if outermost:
+        _MEMO = {}
+    try:
+        key = (value.unique(), dim)
+        known = _MEMO.get(key)
+        if known is not None and (known[0] or known[1] <= depth):
+            return known[0]
+        result = answer()
+        _MEMO[key] = (result, depth)
+        return result
+    finally:
+        if outermost:
+            _MEMO = None
 
 
 def _constant_int(value: torch._C.Value) -> int | None:
@@ -44,6 +74,10 @@ def fixed_size(value: torch._C.Value, dim: int, depth: int = 0) -> bool:
     moved by ``permute``/``transpose``, the count of a ``stack``, a ``Linear`` layer's features, an
     embedding's width, kept by element-wise ops and broadcasts. Anything this does not follow counts
     as varying."""
+    return _remembered(value, dim, depth, lambda: _fixed_size(value, dim, depth))
+
+
+def _fixed_size(value: torch._C.Value, dim: int, depth: int) -> bool:
     rank = value.type().dim() if isinstance(value.type(), torch._C.TensorType) else None
     if rank is None or depth > _MAX_DEPTH or not -rank <= dim < rank:
         return False
@@ -108,6 +142,10 @@ _NUMBER_OPS = frozenset(
 
 def fixed_number(value: torch._C.Value, depth: int = 0) -> bool:
     """Whether a traced number (an int or a 0-d tensor) is computed from constants and fixed sizes only."""
+    return _remembered(value, -1, depth, lambda: _fixed_number(value, depth))
+
+
+def _fixed_number(value: torch._C.Value, depth: int) -> bool:
     if depth > _MAX_DEPTH:
         return False
     node = value.node()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
+import linecache
 import sys
 import types
 import warnings
@@ -41,6 +42,9 @@ from lightning_ort._compat.traced_calls import TracedCalls
 from lightning_ort._compat.value_traces import value_trace
 
 _SUBSCRIPTS = {"BINARY_SUBSCR", "STORE_SUBSCR", "BINARY_SLICE", "STORE_SLICE"}
+# An f-string's formatting of a value (3.10-3.12; 3.13's), and the calls whose message a formatted size may be
+_FORMATTING = {"FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC", "CONVERT_VALUE"}
+_MESSAGE_CALLS = ("_assert(", "assert ", "raise ", "warn(", "warning(", "print(", "log(", "debug(", "info(")
 # Hooks that compute a weight from parameters before each forward: the trace records the computation.
 _TRACEABLE_HOOKS = (WeightNorm, prune.BasePruningMethod)
 _SUMMARY_MODULE = "lightning.pytorch.utilities.model_summary"
@@ -53,7 +57,8 @@ def index_conversions(locate: Callable[[], str | None]) -> Iterator[list[str]]:
     original = torch.Tensor.__index__
 
     def __index__(self: torch.Tensor) -> int:
-        if torch.jit.is_tracing() and not _in_subscript(sys._getframe(1)):
+        caller = sys._getframe(1)
+        if torch.jit.is_tracing() and not _in_subscript(caller) and not _in_message(caller):
             location = locate()
             if location is not None and location not in seen:
                 seen.append(location)
@@ -144,6 +149,22 @@ def _is_fixed_size_read(tensor: torch.Tensor) -> bool:
     (``x.size(-1)``, ``C // n_head``)."""
     value = value_trace(tensor)
     return value is not None and fixed_number(value)
+
+
+_HOOK_FILES = frozenset({__file__, TracedCalls.__torch_function__.__code__.co_filename})
+
+
+def _in_message(frame: types.FrameType) -> bool:
+    """Whether ``frame`` formats a size into the message of a check (torchvision's ViT: ``torch._assert(x.dim()
+    == 3, f"... got {x.shape}")``): an f-string's value (formatting ``torch.Size`` reads its sizes with
+    ``__index__``) on a line that asserts, raises, warns or prints. The text reaches no graph and no branch."""
+    while frame.f_back is not None and frame.f_code.co_filename in _HOOK_FILES:
+        frame = frame.f_back  # dispatched through traced_calls' mode (and this hook again): the f-string is further up
+    if dis.opname[frame.f_code.co_code[frame.f_lasti]] not in _FORMATTING:
+        return False
+    first = frame.f_lineno
+    lines = (linecache.getline(frame.f_code.co_filename, line) for line in range(max(1, first - 2), first + 1))
+    return any(marker in line for line in lines for marker in _MESSAGE_CALLS)
 
 
 def _in_subscript(frame: types.FrameType) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lightning_ort._compat import batchnorm, python_reads
+from lightning_ort._compat import batchnorm, python_reads, size_guards
 from lightning_ort._compat.export_guard import adapter_of, user_modules
 
 FILE = "trace.json"
@@ -27,6 +27,7 @@ def save(directory: Path, module: torch.nn.Module) -> None:
     record = {
         "reads": python_reads.to_record(python_reads.reads_of(adapter_of(module))),
         "batch_norm_calls": batchnorm.recorded_calls(module),
+        "size_decisions": size_guards.to_record(adapter_of(module)),
     }
     (directory / FILE).write_text(json.dumps(record))
 
@@ -41,6 +42,7 @@ def restore(directory: Path, module: torch.nn.Module) -> str | None:
         )
         if problem is None:
             batchnorm.restore_calls(module, record["batch_norm_calls"])
+            size_guards.from_record(adapter_of(module), record["size_decisions"])
         return problem
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"its trace record is missing or unreadable ({error})"
