@@ -86,8 +86,8 @@ def _record_autograd_functions() -> Iterator[list[type]]:
     seen: list[type] = []
     depth = 0
     function_cls = torch.autograd.Function
-    # A Python classmethod up to torch 2.14, _C._FunctionBase's C classmethod from 2.15 (no __func__);
-    # both bind to a subclass through __get__.
+    # A Python classmethod on torch 2.13, _C._FunctionBase's C classmethod (no __func__) on 2.14 and
+    # newer; both bind to a subclass through __get__.
     original = function_cls.__dict__["apply"]
 
     @functools.wraps(getattr(original, "__func__", original))
