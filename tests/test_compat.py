@@ -1,9 +1,10 @@
-"""The compatibility layer on its own: ORTModule built by lightning_ort on torch 2.13."""
+"""The compatibility layer on its own: ORTModule built by lightning_ort on the supported torch releases."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -40,6 +41,35 @@ def test_eval_mode_matches_eager_without_touching_submodule_modes() -> None:
     x = torch.randn(3, 5, 16)
     torch.testing.assert_close(ort(x), reference(x), rtol=1e-5, atol=1e-5)
     assert not any(m.training for m in module.modules())
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+@pytest.mark.parametrize("owner", [torch.autograd.Function, torch._C._FunctionBase])
+def test_export_guard_records_functions_whichever_apply_torch_defines(
+    owner: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.13 defines ``Function.apply`` as a Python classmethod, 2.14 and newer as
+    ``_C._FunctionBase``'s C classmethod (no ``__func__``); the export guard's wrapper calls either."""
+    from lightning_ort._compat.export_guard import _record_autograd_functions
+
+    apply = owner.__dict__["apply"]
+    monkeypatch.setattr(torch.autograd.Function, "apply", apply)
+    x = torch.ones(3, requires_grad=True)
+    with _record_autograd_functions() as seen:
+        y = Double.apply(x)
+    assert torch.autograd.Function.__dict__["apply"] is apply
+    y.sum().backward()
+    assert seen == [Double]
+    assert torch.equal(y.detach(), torch.full((3,), 2.0)) and torch.equal(x.grad, torch.full((3,), 2.0))
 
 
 def test_nvtx_ranges_are_harmless_on_cpu_torch() -> None:

@@ -87,9 +87,11 @@ def _record_autograd_functions() -> Iterator[list[type]]:
     seen: list[type] = []
     depth = 0
     function_cls = torch.autograd.Function
+    # A Python classmethod on torch 2.13, _C._FunctionBase's C classmethod (no __func__) on 2.14 and
+    # newer; both bind to a subclass through __get__.
     original = function_cls.__dict__["apply"]
 
-    @functools.wraps(original.__func__)
+    @functools.wraps(getattr(original, "__func__", original))
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         nonlocal depth
         # ORT applies identity Functions of its own while exporting; those export correctly.
@@ -97,7 +99,7 @@ def _record_autograd_functions() -> Iterator[list[type]]:
             seen.append(cls)
         depth += 1
         try:
-            return original.__func__(cls, *args, **kwargs)
+            return original.__get__(None, cls)(*args, **kwargs)
         finally:
             depth -= 1
 
