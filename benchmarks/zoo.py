@@ -127,6 +127,10 @@ def markdown(records: list[dict[str, Any]], machine: str, seconds: dict[str, flo
     mostly = sum(r["share"] >= MOSTLY for r in ran)
     lines = [
         *HEADER.splitlines(),
+        "",
+        "Rows that do not run in ORT train in PyTorch in both fits: their speed ratio shows the noise of the",
+        "measurement on this machine.",
+        "",
         f"Machine: {machine}",
         "",
         f"{mostly} of {len(records)} models ran at least {MOSTLY:.0%} of their trainable parameters in ORT.",
@@ -149,8 +153,8 @@ def markdown(records: list[dict[str, Any]], machine: str, seconds: dict[str, flo
         elif r["reasons"]:
             shown = "; ".join(dict.fromkeys(r["reasons"]))
             lines.append(f"- **{r['name']}**: {_cell(shown[:600])}{' ...' if len(shown) > 600 else ''}")
-    lines += ["", "Run times of the zoo (this machine, three fits per model): "]
-    lines.append(", ".join(f"{part}: {value:.0f} s" for part, value in seconds.items()) + ".")
+    times = ", ".join(f"{part} rows {value:.0f} s" for part, value in seconds.items())
+    lines += ["", f"Run time of the zoo on this machine (three fits per model): {times}."]
     return "\n".join(lines) + "\n"
 
 
@@ -187,7 +191,7 @@ def main() -> None:
         return
     records = [record for payload in payloads for record in payload["records"]]
     seconds = {payload["part"]: payload["seconds"] for payload in payloads}
-    envs = "; ".join(f"{p['part']}: torch {p['torch']}, {p['cores']} cores, {p['cpu']}" for p in payloads)
+    envs = "; ".join(dict.fromkeys(f"torch {p['torch']}, {p['cores']} cores" for p in payloads))
     args.out.write_text(markdown(records, f"{envs}. {args.machine}".strip(), seconds))
     print(f"wrote {args.out}")
 

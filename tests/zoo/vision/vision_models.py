@@ -26,7 +26,7 @@ from zoo_harness import Expect, ZooModel
 
 IMAGE = 32
 BATCH = 8
-LR = 0.02  # BatchNorm networks at random init: a larger step makes the loss jump (and chaotic)
+LR = 0.01  # BatchNorm networks at random init: a larger step makes the loss jump (and chaotic)
 CLASSES = 10
 
 ALL = Expect("all")
@@ -121,7 +121,7 @@ def timm_deit() -> nn.Module:
 
 
 def timm_regnet_model() -> nn.Module:
-    config = timm_regnet.RegNetCfg(depth=4, w0=16, wa=8.0, wm=2.0, group_size=8)
+    config = timm_regnet.RegNetCfg(depth=6, w0=8, wa=8.0, wm=1.5, group_size=8)  # four stages
     return timm_regnet.RegNet(config, num_classes=CLASSES)
 
 
