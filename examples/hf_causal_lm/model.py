@@ -151,6 +151,8 @@ def causal_lm_config(
             n_layer=num_layers,
             n_head=num_heads,
             n_positions=max_seq_len,
+            bos_token_id=None,  # GPT-2's 50256 lies outside a character vocabulary
+            eos_token_id=None,
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attn_pdrop=0.0,
