@@ -58,7 +58,7 @@ the model as a user writes it. Rows named "blocks" name the transformer blocks i
 
 def rows(part: str) -> list[Any]:
     if part == "hf":
-        from hf_models import BLOCKS, HF_MODELS
+        from hf_zoo_models import BLOCKS, HF_MODELS
 
         return HF_MODELS + BLOCKS
     from vision_models import VISION_MODELS

@@ -1,9 +1,9 @@
-"""Hugging Face transformers models train through ORT as their rows in hf_models.py expect, at eager's losses."""
+"""Hugging Face transformers models train through ORT as their rows in hf_zoo_models.py expect, at eager's losses."""
 
 from __future__ import annotations
 
 import pytest
-from hf_models import BLOCKS, HF_MODELS
+from hf_zoo_models import BLOCKS, HF_MODELS
 from zoo_harness import STEPS, ZooModel, check, run_model
 
 
