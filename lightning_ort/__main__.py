@@ -15,13 +15,17 @@ from lightning_ort.errors import ORTSetupError
 def _setup(verbose: bool) -> int:
     from lightning_ort._compat import check_installation, ortmodule_package
     from lightning_ort._compat.extensions import (
+        ATEN_OP_EXECUTOR,
         build_aten_op_executor,
         build_custom_function_runner,
+        build_missing,
         load_aten_ops,
     )
 
     check_installation()
+    built_now = build_missing(verbose=verbose)
     path, built = build_aten_op_executor(verbose=verbose)
+    built = built or ATEN_OP_EXECUTOR in built_now
     print(f"lightning_ort: aten_op_executor {'built' if built else 'reused'}: {path}")
     path = load_aten_ops(verbose=verbose)
     print(f"lightning_ort: lightning_ort's operators ready: {path}")

@@ -452,3 +452,20 @@ def test_runner_is_built_into_the_cache_not_site_packages() -> None:
     path, _ = extensions.build_custom_function_runner()
     assert path.is_relative_to(extensions.cache_root())
     assert not path.is_relative_to(sys.prefix)
+
+
+def test_the_runner_is_loaded_by_the_first_export_that_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a fresh machine the strategy starts with the runner unbuilt (a model without custom Functions
+    # never compiles it, test_extension_cache.py); the export that finds a custom Function loads it.
+    before = _compat.custom_function_support_enabled()
+    monkeypatch.setattr(extensions, "custom_function_runner_built", lambda: False)
+    monkeypatch.setattr(custom_function, "_runner_module", None)
+    monkeypatch.setattr(custom_function, "_unavailable_reason", None)
+    try:
+        eager, ort = fit_both(STEMLP, mlp_loader, 3)
+        assert custom_function._runner_module is not None
+        assert_ort_ran(ort, min_calls=3)
+        assert_losses_match(eager, ort)
+    finally:
+        monkeypatch.undo()
+        _compat.custom_function_support(before)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ def test_second_process_reuses_the_built_extension() -> None:
     result = subprocess.run([sys.executable, "-c", TRAIN_SNIPPET], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ORT calls: 2" in result.stdout
-    assert "building ORT's aten_op_executor" not in result.stderr
+    assert "compiling" not in result.stderr
     assert path.stat().st_mtime_ns == stamp
     setup = subprocess.run(
         [sys.executable, "-m", "lightning_ort", "setup"], capture_output=True, text=True, timeout=300
@@ -84,3 +85,95 @@ def test_extensions_are_compiled_optimized() -> None:
         ninja = (shared_object.parent / "build.ninja").read_text()
         cflags = next(line for line in ninja.splitlines() if line.startswith("cflags ="))
         assert "-O2" in cflags.split(), f"{shared_object.name} was compiled without -O2: {cflags}"
+
+
+def _cache_with(tmp_path: Path, shared_objects: list[Path]) -> Path:
+    """A fresh extension cache holding only the build directories of ``shared_objects`` (links to them)."""
+    extensions_dir = tmp_path / "cache" / "extensions"
+    extensions_dir.mkdir(parents=True)
+    for shared_object in shared_objects:
+        (extensions_dir / shared_object.parent.name).symlink_to(shared_object.parent)
+    return tmp_path / "cache"
+
+
+def test_a_model_without_custom_functions_builds_no_runner(tmp_path: Path) -> None:
+    # The custom-Function runner took a third of a fresh machine's first fit to compile, for models
+    # that have no custom Function; it is compiled when a graph runs one (next test).
+    cache = _cache_with(tmp_path, [extensions.build_aten_op_executor()[0], extensions.build_aten_ops()[0]])
+    snippet = TRAIN_SNIPPET + "print('support on:', lightning_ort._compat.custom_function_support_enabled())\n"
+    env = {**os.environ, extensions.CACHE_ENV: str(cache)}
+    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ORT calls: 2" in result.stdout
+    assert "support on: True" in result.stdout  # on, with the runner still to build
+    assert "compiling" not in result.stderr
+    built = sorted(path.name.rsplit("-", 1)[0] for path in (cache / "extensions").iterdir())
+    assert built == ["aten_op_executor", extensions.ATEN_OPS]
+
+
+RUNNER_SNIPPET = """
+import copy, os, sys, torch
+from lightning_ort import _compat
+class Sign(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x): return torch.sign(x)
+    @staticmethod
+    def backward(ctx, grad): return grad * 3  # not sign's gradient (zero): only the runner computes it
+class User(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); self.layer = torch.nn.Linear(4, 4)
+    def forward(self, x): return Sign.apply(self.layer(x))
+assert _compat.custom_function_support(None) is True
+assert "lightning_ort_custom_function_runner" not in sys.modules  # support on, nothing built or loaded
+os.symlink(sys.argv[1], os.path.join(sys.argv[2], os.path.basename(sys.argv[1])))  # "built" from here on
+torch.manual_seed(0)
+eager = User()
+twin = copy.deepcopy(eager)
+ort = _compat.wrap_module(twin, _compat.ORTRuntimeOptions(log_level="ERROR"))
+x = torch.randn(3, 4)
+eager(x).sum().backward()
+ort(x).sum().backward()
+print("max difference:", (twin.layer.weight.grad - eager.layer.weight.grad).abs().max().item())
+print("runner loaded:", "lightning_ort_custom_function_runner" in sys.modules)
+"""
+
+
+def test_the_runner_is_loaded_when_a_graph_runs_a_custom_function(tmp_path: Path) -> None:
+    cache = _cache_with(tmp_path, [extensions.build_aten_op_executor()[0], extensions.build_aten_ops()[0]])
+    runner, _ = extensions.build_custom_function_runner()
+    env = {**os.environ, extensions.CACHE_ENV: str(cache)}
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER_SNIPPET, str(runner.parent), str(cache / "extensions")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "runner loaded: True" in result.stdout
+    assert "max difference: 0.0" in result.stdout, result.stdout
+
+
+def _namespace_scope_functions(text: str) -> set[str]:
+    """Names of the functions a C++ file defines at namespace scope (its definitions start at column 0)."""
+    pattern = r"^(?![\s#}])(?!TORCH_|namespace|template|using|return)[^\n(;=]*?\b(\w+)\s*\("
+    return set(re.findall(pattern, text, re.MULTILINE))
+
+
+def _code(path: Path) -> str:
+    """``path``'s text without comments and string literals."""
+    return re.sub(r'"(?:[^"\\]|\\.)*"', '""', re.sub(r"//.*", "", path.read_text()))
+
+
+def test_operator_files_can_share_one_translation_unit() -> None:
+    # They compile as one unit (extensions._aten_ops_unity); a function one file defines would join the
+    # overloads another file's unqualified call of that name chooses from, and could change its choice.
+    sources = extensions.aten_ops_sources()
+    defined = {source.name: _namespace_scope_functions(_code(source)) for source in sources}
+    assert len(defined["aten_ops.cc"]) > 10  # the pattern finds the definitions
+    for source in sources:
+        code = _code(source)
+        for other, names in defined.items():
+            for name in sorted(names - defined[source.name]) if other != source.name else []:
+                call = re.search(rf"(?<![\w:.>]){name}\s*[(<]", code)
+                assert call is None, f"{source.name} calls {name}, which {other} defines: rename one of them"

@@ -24,6 +24,7 @@ What ORT expects from the runners, and how it is met here:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import types
@@ -238,18 +239,52 @@ def clear_all_grad_fns() -> None:
 
 
 _runner_module: types.ModuleType | None = None
+_exit_hooks_registered = False
 
 
 def _runner() -> types.ModuleType:
-    """The compiled runner extension, built on first use, with the Python drivers registered."""
-    global _runner_module
+    """The compiled runner extension, built on first use, with the Python drivers set and its runners
+    handed to ORT (what ORT's ``enable_custom_autograd_support`` does on its first call, which
+    :func:`custom_function_support` keeps from asking ``torch_interop_utils``: that would build it)."""
+    global _runner_module, _exit_hooks_registered
     if _runner_module is None:
+        from onnxruntime.capi._pybind_state import (
+            register_backward_runner,
+            register_forward_runner,
+            unregister_python_functions,
+        )
+
         from lightning_ort._compat.extensions import load_custom_function_runner
 
         module = load_custom_function_runner()
         module.set_drivers(_run_forward, _run_backward)
+        register_forward_runner(int(module.forward_runner_address()))
+        register_backward_runner(int(module.backward_runner_address()))
+        if not _exit_hooks_registered:
+            atexit.register(unregister_python_functions)
+            atexit.register(clear_all_grad_fns)
+            _exit_hooks_registered = True
         _runner_module = module
     return _runner_module
+
+
+def ensure_runner() -> None:
+    """Build (or reuse) the runner extension and hand its runners to ORT, once per process.
+
+    Called when a graph about to run holds PythonOp nodes, so that a model without custom Functions
+    never compiles the runner. Raises :class:`~lightning_ort.errors.ORTSetupError` when it cannot be
+    built, and again at once on later calls (the build is not retried).
+    """
+    global _unavailable_reason
+    if _runner_module is not None:
+        return
+    if _unavailable_reason is not None:
+        raise ORTSetupError(_unavailable_reason)
+    try:
+        _runner()
+    except ORTSetupError as err:
+        _unavailable_reason = str(err)
+        raise
 
 
 def interop_module(name: str) -> types.ModuleType:
@@ -272,11 +307,12 @@ def custom_function_support(enabled: bool | None = None) -> bool:
     """Turn custom ``torch.autograd.Function`` support inside ORT graphs on or off; return whether it is on.
 
     Applies to ORTModules created afterwards (each copies the setting when it is constructed).
-    ``None`` turns it on when lightning_ort's runner extension can be built or is cached, and off
-    otherwise (modules applying custom Functions then fall back to PyTorch, and the fallback reason
-    says why). ``True`` raises :class:`~lightning_ort.errors.ORTSetupError` when the extension is
-    unavailable. With the support off, such modules are refused (ORT would inline the Function's
-    forward and ignore its backward).
+    ``None`` turns it on when lightning_ort's runner extension is cached or can be built (a compiler,
+    ninja and a writable cache), and off otherwise (modules applying custom Functions then fall back to
+    PyTorch, and the fallback reason says why); the runner is then compiled only when a graph runs a
+    custom Function (:func:`ensure_runner`). ``True`` builds it now and raises
+    :class:`~lightning_ort.errors.ORTSetupError` when the extension is unavailable. With the support
+    off, such modules are refused (ORT would inline the Function's forward and ignore its backward).
     """
     global _unavailable_reason
     from lightning_ort._compat.loader import ortmodule_package
@@ -289,7 +325,12 @@ def custom_function_support(enabled: bool | None = None) -> bool:
     if enabled is not False:
         try:
             _check_torch_version()
-            _runner()
+            from lightning_ort._compat import extensions
+
+            if enabled or _runner_module is not None or extensions.custom_function_runner_built():
+                _runner()
+            else:
+                extensions.check_can_build()  # the build waits for a graph that runs a custom Function
             _import_exporter_dependencies()
         except ORTSetupError as err:
             if enabled:
@@ -300,6 +341,8 @@ def custom_function_support(enabled: bool | None = None) -> bool:
         else:
             _unavailable_reason = None
             enabled = True
+    # _runner() hands ORT the runners; ORT's first enable would ask torch_interop_utils, building them.
+    _custom_autograd_function.custom_autograd_function_enabler._already_enabled = True
     _custom_autograd_function.enable_custom_autograd_support(enabled)
     return bool(_custom_autograd_function.custom_autograd_function_enabler.state)
 

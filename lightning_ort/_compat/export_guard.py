@@ -28,7 +28,7 @@ from lightning_ort._compat.grad_regions import GradRegions
 from lightning_ort._compat.python_state import PythonState
 from lightning_ort._compat.traced_calls import ORT_DIR, computed_from_inputs, traced_calls
 from lightning_ort._compat.value_traces import exporting, value_trace
-from lightning_ort.errors import ORTUnsupportedModelError
+from lightning_ort.errors import ORTSetupError, ORTUnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,11 @@ def _functions_problem(functions: list[type], record: _ExportRecord) -> str | No
             f"it applies custom torch.autograd.Function(s) {names}; ORT would differentiate their forward "
             f"and ignore their custom backward ({custom_function.support_off_reason()})"
         )
+    if record.python_ops:
+        try:
+            custom_function.ensure_runner()  # compiled now, the first time a graph runs a custom Function
+        except ORTSetupError:
+            return f"it applies custom torch.autograd.Function(s) {names} ({custom_function.support_off_reason()})"
     clashes = custom_function.check_registered(
         [cls for cls in functions if custom_function.qualified_name(cls) in record.python_ops]
     )

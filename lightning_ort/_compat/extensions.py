@@ -11,10 +11,12 @@ registered under the names ORT imports.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -67,15 +69,24 @@ at::Tensor lightning_ort_owned_output(const at::Tensor& tensor, const std::vecto
 """
 
 
+# ORT's executor includes all of libtorch's C++ frontend (torch/torch.h: nn modules, optimizers, data
+# loaders) to use the JIT's operator registry; the headers it needs compile in about half the time.
+_ALL_OF_TORCH = "#include <torch/torch.h>"
+_WHAT_THE_EXECUTOR_USES = (
+    "#include <pybind11/pybind11.h>\n#include <torch/csrc/jit/runtime/operator.h>\n#include <torch/version.h>"
+)
+
+
 def _owned_outputs(source: Path) -> str:
     """ORT's executor source with outputs that share an input's memory copied (compiled from the
-    build directory; site-packages stays untouched)."""
+    build directory; site-packages stays untouched), including only the headers it uses."""
     text = source.read_text()
-    if text.count(_OUTPUT_AS_IS) != 1 or text.count(_EXECUTOR) != 1:
+    if text.count(_OUTPUT_AS_IS) != 1 or text.count(_EXECUTOR) != 1 or text.count(_ALL_OF_TORCH) != 1:
         raise ORTSetupError(
             f"ORT's aten_op_executor source at {source} is not the one lightning_ort was written for "
             "(onnxruntime-training 1.19.2). Fix: pip install 'lightning-ort[cpu]' to get that version."
         )
+    text = text.replace(_ALL_OF_TORCH, _WHAT_THE_EXECUTOR_USES)
     return text.replace(_OUTPUT_AS_IS, _OUTPUT_OWNED).replace(_EXECUTOR, _OWNED_OUTPUT_FUNCTION + _EXECUTOR)
 
 
@@ -131,6 +142,23 @@ def _load_shared_object(name: str, path: Path) -> types.ModuleType:
     return module
 
 
+# Compiler seconds (user + sys) each extension took on a 2-core VM, for the notice printed while they build.
+_COMPILE_SECONDS = {"aten_op_executor": 13, "lightning_ort_aten_ops": 22, "lightning_ort_custom_function_runner": 15}
+
+
+def _announce(builds: list[tuple[str, str]], directory: Path) -> None:
+    """One line on stderr before ``builds`` (name, what) compile: what, roughly how long, where."""
+    parts = [_COMPILE_SECONDS.get(name, 30) for name, _ in builds]
+    seconds = max(*parts, sum(parts) // min(len(parts), os.cpu_count() or 1))  # built side by side
+    what = " and ".join(what for _, what in builds)
+    print(
+        f"lightning_ort: compiling {what} for torch {torch.__version__} (first use only: about {seconds} s on an "
+        f"idle machine, longer on a busy one; kept in {directory})...",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _build(
     name: str,
     source: Path | list[Path],
@@ -138,6 +166,8 @@ def _build(
     verbose: bool,
     headers: list[Path] | None = None,
     generated: dict[str, str] | None = None,
+    include_dirs: list[Path] | None = None,
+    announce: bool = True,
 ) -> tuple[Path, bool]:
     """Compile ``source`` (one file or several, which may include ``headers``) and ``generated``
     sources (file name -> text, written into the build directory) into
@@ -159,7 +189,8 @@ def _build(
             f"Cannot create the extension cache directory {build_dir}: {err}. "
             f"Fix: point {CACHE_ENV} at a writable directory."
         ) from err
-    print(f"lightning_ort: building {what} extension into {build_dir} (once)...", file=sys.stderr)
+    if announce:
+        _announce([(name, what)], build_dir.parent)
     from torch.utils.cpp_extension import load
 
     try:
@@ -168,12 +199,13 @@ def _build(
             sources=[str(path) for path in sources],
             build_directory=str(build_dir),
             extra_cflags=_CXX_FLAGS,
+            extra_include_paths=[str(path) for path in include_dirs or []],
             verbose=verbose,
             is_python_module=False,
         )
     except Exception as err:
         raise ORTSetupError(
-            f"Building {what} extension in {build_dir} failed: {err}. "
+            f"Building {what} in {build_dir} failed: {err}. "
             "Fix: check that g++ and ninja work and that torch's headers are installed; "
             "build output: `python -m lightning_ort setup --verbose`."
         ) from err
@@ -182,10 +214,35 @@ def _build(
     return shared_object, True
 
 
-def build_aten_op_executor(verbose: bool = False) -> tuple[Path, bool]:
+def _is_built(name: str, files: list[Path], generated: dict[str, str] | None = None) -> bool:
+    return (_build_dir(name, files, generated or {}) / f"{name}.so").is_file()
+
+
+def check_can_build() -> None:
+    """Raise :class:`ORTSetupError` unless an extension could be compiled now (a compiler, ninja and a
+    writable cache): the cheap part of a build's checks, for deciding before building."""
+    _check_toolchain()
+    directory = cache_root() / "extensions"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ORTSetupError(
+            f"Cannot create the extension cache directory {directory}: {err}. "
+            f"Fix: point {CACHE_ENV} at a writable directory."
+        ) from err
+
+
+ATEN_OP_EXECUTOR = "aten_op_executor"
+_EXECUTOR_WHAT = "ORT's aten_op_executor"
+
+
+def _executor_generated() -> dict[str, str]:
+    return {"aten_op_executor.cc": _owned_outputs(_aten_op_executor_source())}
+
+
+def build_aten_op_executor(verbose: bool = False, announce: bool = True) -> tuple[Path, bool]:
     """Return the path of the compiled ``aten_op_executor`` and whether it was built just now."""
-    executor = {"aten_op_executor.cc": _owned_outputs(_aten_op_executor_source())}
-    return _build("aten_op_executor", [], "ORT's aten_op_executor", verbose, generated=executor)
+    return _build(ATEN_OP_EXECUTOR, [], _EXECUTOR_WHAT, verbose, generated=_executor_generated(), announce=announce)
 
 
 def _packaged(source: Path) -> Path:
@@ -213,6 +270,11 @@ def build_custom_function_runner(verbose: bool = False) -> tuple[Path, bool]:
     """
     source = _packaged(custom_function_runner_source())
     return _build(CUSTOM_FUNCTION_RUNNER, source, "the custom autograd.Function runner", verbose)
+
+
+def custom_function_runner_built() -> bool:
+    """Whether the custom-Function runner is in the cache already (loading it then compiles nothing)."""
+    return _is_built(CUSTOM_FUNCTION_RUNNER, [_packaged(custom_function_runner_source())])
 
 
 def load_custom_function_runner() -> types.ModuleType:
@@ -264,14 +326,42 @@ def _aten_ops_headers() -> list[Path]:
     return [Path(__file__).parent / "csrc" / name for name in ("overloads.h", "scales.h", "autograd_vjp.h")]
 
 
+_OPS_WHAT = "lightning_ort's operators"
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
+
+
+def _aten_ops_unity(sources: list[Path]) -> dict[str, str]:
+    """One translation unit that includes every operator file: torch's headers, most of each file's
+    compile time, are parsed once instead of once a file. Each file's macros are undefined after it,
+    as if it were compiled alone; no file defines or calls unqualified a function another file defines
+    (tests/test_extension_cache.py checks it), so overload resolution is what it is file by file."""
+    lines = ["// Generated by lightning_ort/_compat/extensions.py: all operator files in one translation unit."]
+    for source in sources:
+        lines.append(f'#include "{source.name}"')
+        lines.extend(f"#undef {macro}" for macro in dict.fromkeys(_DEFINE.findall(source.read_text())))
+    return {f"{ATEN_OPS}.cc": "\n".join(lines) + "\n"}
+
+
+def _aten_ops_inputs() -> tuple[list[Path], dict[str, str]]:
+    """The files the operators' build depends on, and the generated source that is compiled."""
+    sources = [_packaged(source) for source in aten_ops_sources()]
+    headers = [_packaged(header) for header in _aten_ops_headers()]
+    return sources + headers, _aten_ops_unity(sources)
+
+
+def build_aten_ops(verbose: bool = False, announce: bool = True) -> tuple[Path, bool]:
+    """Return the path of the compiled ``lightning_ort::*`` operators and whether they were built just now."""
+    files, unity = _aten_ops_inputs()
+    include_dirs = [Path(__file__).parent / "csrc"]
+    return _build(ATEN_OPS, [], _OPS_WHAT, verbose, files, unity, include_dirs, announce)
+
+
 def load_aten_ops(verbose: bool = False) -> Path:
     """Build (or reuse) and load the ``lightning_ort::*`` operators; return the library's path."""
     global _aten_ops_path
     if _aten_ops_path is not None:  # a process loads them once (torch cannot unload operators)
         return _aten_ops_path
-    sources = [_packaged(source) for source in aten_ops_sources()]
-    headers = [_packaged(header) for header in _aten_ops_headers()]
-    shared_object, _ = _build(ATEN_OPS, sources, "lightning_ort's operators", verbose, headers)
+    shared_object, _ = build_aten_ops(verbose)
     if str(shared_object) not in torch.ops.loaded_libraries:
         try:
             torch.ops.load_library(str(shared_object))
@@ -284,9 +374,33 @@ def load_aten_ops(verbose: bool = False) -> Path:
     return shared_object
 
 
+def build_missing(verbose: bool = False) -> list[str]:
+    """Build the extensions every ORT graph needs (ORT's executor and lightning_ort's operators) that
+    the cache lacks, side by side, after one notice saying what and roughly how long; return their names."""
+    missing = []
+    if not _is_built(ATEN_OP_EXECUTOR, [], _executor_generated()):
+        missing.append((ATEN_OP_EXECUTOR, _EXECUTOR_WHAT, build_aten_op_executor))
+    if _aten_ops_path is None and not _is_built(ATEN_OPS, *_aten_ops_inputs()):
+        missing.append((ATEN_OPS, _OPS_WHAT, build_aten_ops))
+    if not missing:
+        return []
+    check_can_build()
+    _announce([(name, what) for name, what, _ in missing], cache_root() / "extensions")
+    if len(missing) == 1:
+        missing[0][2](verbose, announce=False)
+    else:
+        # Each build is one compiler process; torch's loader waits on it with the GIL released.
+        with concurrent.futures.ThreadPoolExecutor(len(missing)) as pool:
+            builds = [pool.submit(build, verbose, announce=False) for _, _, build in missing]
+            for build in builds:
+                build.result()
+    return [name for name, _, _ in missing]
+
+
 def register_extensions() -> None:
     """Build (or reuse) the extensions and register them under the names ORTModule imports."""
     package = importlib.import_module(EXTENSIONS_PACKAGE)
+    build_missing()
     if f"{EXTENSIONS_PACKAGE}.aten_op_executor" not in sys.modules:
         shared_object, _ = build_aten_op_executor()
         aten = _load_shared_object("aten_op_executor", shared_object)
@@ -295,7 +409,7 @@ def register_extensions() -> None:
     load_aten_ops()
     if f"{EXTENSIONS_PACKAGE}.torch_interop_utils" not in sys.modules:
         # ORT imports torch_interop_utils even with custom-Function support off; ours compiles its C++
-        # part only when the support is turned on (see custom_function.py).
+        # part only when a graph runs a custom Function (see custom_function.py).
         from lightning_ort._compat.custom_function import interop_module
 
         interop = interop_module(f"{EXTENSIONS_PACKAGE}.torch_interop_utils")

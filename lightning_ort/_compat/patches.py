@@ -96,6 +96,10 @@ def _prepare_graph_builder_input() -> None:
     @functools.wraps(original)
     def _initialize_graph_builder(self: Any, info: Any) -> Any:
         model = info._post_export_processed_model
+        if any(node.op_type == "PythonOp" for node in model.graph.node):
+            from lightning_ort._compat.custom_function import ensure_runner
+
+            ensure_runner()  # usually done already by the export guard, which falls back if it cannot be built
         unreachable = without_gradient_paths(model, list(info.onnx_graph_input_names_require_grad))
         if unreachable:  # eager leaves their gradients None; ORT refused to build them
             info.onnx_graph_input_names_require_grad = [

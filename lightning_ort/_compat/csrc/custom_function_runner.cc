@@ -10,14 +10,17 @@
 // The work itself is done by Python "drivers" (lightning_ort/_compat/custom_function.py) that use
 // torch's public autograd API, so this file does not depend on autograd's internal ownership model
 // (which changed in torch 2.13). The only internal field read is THPFunction::materialize_grads,
-// which Python cannot read.
+// which Python cannot read. It includes pybind11 itself, not torch/extension.h (all of libtorch's C++
+// frontend, which took most of its compile time): no tensor crosses pybind11 here.
 
 #include <torch/csrc/autograd/python_function.h>
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
 
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+namespace py = pybind11;
 
 namespace {
 
