@@ -18,6 +18,7 @@ from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from lightning_ort.auto_choice import Mode
 from lightning_ort.guard import FallbackMode
 from lightning_ort.wrapping import LogLevel, ORTStrategyMixin
 
@@ -54,6 +55,8 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         fuse_attention: see :class:`~lightning_ort.ORTStrategy`.
         memory_arena: see :class:`~lightning_ort.ORTStrategy`.
         export_cache: see :class:`~lightning_ort.ORTStrategy`.
+        mode: see :class:`~lightning_ort.ORTStrategy`; each process measures and chooses on its own (both
+            paths train the same parameters, so processes that choose differently still train correctly).
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         **kwargs: forwarded to ``torch.nn.parallel.DistributedDataParallel`` (e.g.
@@ -80,6 +83,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
+        mode: Mode = "ort",
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -124,6 +128,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             fuse_attention=fuse_attention,
             memory_arena=memory_arena,
             export_cache=export_cache,
+            mode=mode,
         )
 
     @override

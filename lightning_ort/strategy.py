@@ -10,6 +10,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from typing_extensions import override
 
+from lightning_ort.auto_choice import Mode
 from lightning_ort.guard import FallbackMode
 from lightning_ort.wrapping import LogLevel, ORTStrategyMixin
 
@@ -78,6 +79,12 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             of the first step), in ``$LIGHTNING_ORT_CACHE/exports``. The cache key covers the model's
             code, attributes, parameters and inputs; a ``forward`` that reads other state (environment
             variables, globals set at run time) must not use it. Off by default.
+        mode: ``"ort"`` (default): ORT runs the wrapped modules. ``"auto"``: each wrapped module's first
+            training steps run in ORT and in PyTorch by turns (about 19 steps, the first ORT step with its
+            export), and the faster path by the median step trains it for the rest of the run; the choice and
+            the measured speed are logged and reported (``ort_reports``: ``auto_choice``, ``measured_speedup``).
+            Both paths train correctly at every step. A run expected to be shorter than the measurement
+            trains in PyTorch from the start.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -103,6 +110,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
+        mode: Mode = "ort",
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -129,6 +137,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             fuse_attention=fuse_attention,
             memory_arena=memory_arena,
             export_cache=export_cache,
+            mode=mode,
         )
         self._device_given = device is not None
 

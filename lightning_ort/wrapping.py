@@ -24,6 +24,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ort import _compat
+from lightning_ort.auto_choice import MODES, Mode, SpeedChoice
 from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
 from lightning_ort.memory import validate_memory_options
 from lightning_ort.optim import fuse_again, fuse_optimizer, unfused_state
@@ -50,6 +51,7 @@ class ORTStrategyMixin(Strategy):
     custom_autograd: bool | None
     fused_optimizer: bool
     runtime_options: _compat.ORTRuntimeOptions
+    mode: Mode
     _guards: list[ORTGuard]
     _retired: list[ORTModuleReport]
     _auto_forward: bool
@@ -70,9 +72,16 @@ class ORTStrategyMixin(Strategy):
         fuse_attention: bool = False,
         memory_arena: bool = True,
         export_cache: bool = False,
+        mode: Mode = "ort",
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
+        if mode not in MODES:
+            raise ValueError(
+                f"{name}(mode={mode!r}) must be 'ort' (ORT runs the model) or 'auto' (time ORT against PyTorch "
+                "during the first steps and keep the faster)."
+            )
+        self.mode = mode
         if log_level not in _LOG_LEVELS:
             raise ValueError(f"{name}(log_level={log_level!r}) is not one of {', '.join(_LOG_LEVELS)}.")
         if fallback not in _FALLBACKS:
@@ -201,10 +210,23 @@ class ORTStrategyMixin(Strategy):
         _compat.custom_function_support(self.custom_autograd)
         for name in names:
             owner = model if name == FORWARD else model.get_submodule(name)
-            guard = ORTGuard(name, owner, self.runtime_options, self.fallback)
+            choice = SpeedChoice(name, self._expected_training_calls) if self.mode == "auto" else None
+            guard = ORTGuard(name, owner, self.runtime_options, self.fallback, choice)
             guard.install()
             self._guards.append(guard)
         log.info("lightning_ort: ORT runs %s", ", ".join(names) or "nothing")
+
+    def _expected_training_calls(self) -> int | None:
+        """Training batches the run is expected to take (``None``: unbounded or unknown), for ``mode="auto"``."""
+        model = self.lightning_module
+        try:
+            trainer = model.trainer if model is not None else None
+            steps = trainer.estimated_stepping_batches if trainer is not None else None
+        except Exception:  # no Trainer attached, or Lightning cannot tell yet: the run is taken as long
+            return None
+        if trainer is None or steps is None or steps == float("inf"):
+            return None
+        return int(steps) * max(1, trainer.accumulate_grad_batches)
 
     def _memory_arena(self) -> contextlib.AbstractContextManager[None]:
         """On the CPU, the arena serves the whole step (loss, backward, optimizer, user code), not only
