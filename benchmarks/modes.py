@@ -16,7 +16,17 @@ import lightning_ort
 from lightning_ort import _compat
 from lightning_ort.timing import StepTimer
 
-MODES = ("eager", "ort", "ort_no_rewrites", "ort_no_arena", "ort_fused_attention", "raw_ort", "raw_eager", "compile")
+MODES = (
+    "eager",
+    "ort",
+    "ort_auto",
+    "ort_no_rewrites",
+    "ort_no_arena",
+    "ort_fused_attention",
+    "raw_ort",
+    "raw_eager",
+    "compile",
+)
 
 
 class Steps(NamedTuple):
@@ -24,6 +34,7 @@ class Steps(NamedTuple):
 
     times: list[float]
     faults: list[int]
+    choices: str = ""  # ort_auto: what mode="auto" chose per module, and ORT's measured speed
 
 
 def minor_faults() -> int:
@@ -72,6 +83,7 @@ def _lightning(
     device: str,
     callbacks: Sequence[L.Callback] = (),
 ) -> Steps:
+    auto = isinstance(strategy, lightning_ort.ORTStrategy) and strategy.mode == "auto"
     timer, faults = StepTimer(warmup=0), FaultCounter()
     trainer = L.Trainer(
         accelerator=device,
@@ -85,11 +97,18 @@ def _lightning(
         enable_model_summary=False,
     )
     trainer.fit(BenchModule(workload, model), torch.utils.data.DataLoader(batches, batch_size=None))
+    choices = []
     if isinstance(trainer.strategy, lightning_ort.ORTStrategy):
         for report in trainer.strategy.ort_reports:
-            if not report.uses_ort or report.torch_calls:
+            if report.fallback_reason is not None or report.eval_fallback_reason is not None:
                 raise RuntimeError(f"ORT did not run {report.name}: {report.fallback_reason}")
-    return Steps(timer.step_times, faults.faults)
+            if auto:
+                measured = report.measured_speedup
+                speed = " (run too short to measure)" if measured is None else f" (ORT at {measured:.2f}x)"
+                choices.append(f"{report.name}: {report.auto_choice}{speed}")
+            elif report.torch_calls:
+                raise RuntimeError(f"ORT did not run {report.name}: {report.torch_call_reasons}")
+    return Steps(timer.step_times, faults.faults, ", ".join(choices))
 
 
 def _loop(workload: Workload, model: nn.Module, call: nn.Module, batches: list[Batch], device: str) -> Steps:
@@ -126,6 +145,9 @@ def run_mode(
         return _lightning(workload, model, batches, "auto", device, callbacks)
     if mode == "ort":
         return _lightning(workload, model, batches, lightning_ort.ORTStrategy(**ort_options), device, callbacks)
+    if mode == "ort_auto":  # mode="auto": ORT and eager timed on the first steps, the faster kept
+        strategy = lightning_ort.ORTStrategy(**{**ort_options, "mode": "auto"})
+        return _lightning(workload, model, batches, strategy, device, callbacks)
     if mode == "ort_no_rewrites":  # the "before" of op_rewrites, side by side
         strategy = lightning_ort.ORTStrategy(**{**ort_options, "op_rewrites": False})
         return _lightning(workload, model, batches, strategy, device, callbacks)

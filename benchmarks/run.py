@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 def _worker(args: argparse.Namespace) -> None:
     import torch
     from modes import run_mode
-    from workloads import workloads
+    from workloads import Unavailable, workloads
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -44,7 +44,11 @@ def _worker(args: argparse.Namespace) -> None:
     )
     ort_options = json.loads(args.ort_options)
     start = time.perf_counter()
-    times, faults = run_mode(args.mode, workload, batches, device, ort_options)
+    try:
+        times, faults, choices = run_mode(args.mode, workload, batches, device, ort_options)
+    except Unavailable as missing:  # a library's model that does not import in this environment
+        print(json.dumps({"workload": args.workload, "mode": args.mode, "unavailable": str(missing)}))
+        return
     total = time.perf_counter() - start
     print(
         json.dumps(
@@ -59,6 +63,7 @@ def _worker(args: argparse.Namespace) -> None:
                 "total_s": total,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "torch_threads": torch.get_num_threads(),
+                "auto_choices": choices,
             }
         )
     )
@@ -95,7 +100,11 @@ def _run_one(args: argparse.Namespace, workload: str, mode: str) -> dict[str, An
 def _summarise(runs: list[dict[str, Any]], workload_names: list[str], modes: list[str]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for workload in workload_names:
-        per_mode = {}
+        per_mode: dict[str, Any] = {}
+        missing = [r["unavailable"] for r in runs if r["workload"] == workload and "unavailable" in r]
+        if missing:
+            summary[workload] = {mode: {"unavailable": missing[0]} for mode in modes}
+            continue
         for mode in modes:
             ok = [r for r in runs if r["workload"] == workload and r["mode"] == mode and "error" not in r]
             errors = [r["error"] for r in runs if r["workload"] == workload and r["mode"] == mode and "error" in r]
@@ -108,6 +117,9 @@ def _summarise(runs: list[dict[str, Any]], workload_names: list[str], modes: lis
                 "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in ok),
                 "faults_per_step": statistics.median(r["median_faults_per_step"] for r in ok),
             }
+            choices = [r["auto_choices"] for r in ok if r.get("auto_choices")]
+            if choices:
+                per_mode[mode]["auto_choices"] = "; ".join(choices)
         eager = per_mode.get("eager", {})
         for stats in per_mode.values():
             if "error" not in stats and "error" not in eager and eager:
@@ -126,14 +138,22 @@ def _table(summary: dict[str, Any], modes: list[str]) -> str:
     ]
     header = [f"{mode} {title}" for title, _, _ in columns for mode in modes]
     lines = ["| workload | " + " | ".join(header) + " |", "| --- " * (1 + len(header)) + "|"]
+    notes = []
     for workload, per_mode in summary.items():
         cells = [
-            form.format(per_mode[mode][key]) if key in per_mode[mode] else "error"
+            form.format(per_mode[mode][key])
+            if key in per_mode[mode]
+            else ("unavailable" if "unavailable" in per_mode[mode] else "error")
             for _, key, form in columns
             for mode in modes
         ]
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        stats = next(iter(per_mode.values()), {})
+        if "unavailable" in stats:
+            notes.append(f"{workload}: unavailable: {stats['unavailable']}")
+        chosen = [(mode, stats) for mode, stats in per_mode.items() if "auto_choices" in stats]
+        notes += [f"{workload}, {mode}: chose {stats['auto_choices']}" for mode, stats in chosen]
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def _chart(summary: dict[str, Any], modes: list[str], path: Path) -> bool:
@@ -162,7 +182,7 @@ def _chart(summary: dict[str, Any], modes: list[str], path: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=("tiny", "full"), default="full")
-    parser.add_argument("--workloads", default="gpt,gpt_padded,encoder,cnn,unet,mlp")
+    parser.add_argument("--workloads", default="gpt,gpt_padded,encoder,cnn,unet,mlp,resnet18,resnet18d,mobilenetv3")
     parser.add_argument("--modes", default="eager,ort,ort_no_rewrites,raw_ort,compile")
     parser.add_argument("--steps", type=int, default=15, help="measured steps per run (after warm-up)")
     parser.add_argument("--warmup", type=int, default=5)
@@ -190,7 +210,7 @@ def main() -> None:
             for mode in order:
                 run = _run_one(args, workload, mode)
                 runs.append(run)
-                status = run.get("error") or f"{run['median_step_s'] * 1000:.1f} ms/step"
+                status = run.get("error") or run.get("unavailable") or f"{run['median_step_s'] * 1000:.1f} ms/step"
                 print(f"[{repeat + 1}/{args.repeats}] {workload:<10} {mode:<8} {status}", flush=True)
     summary = _summarise(runs, names, modes)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "gpt")
 from model import GPT  # noqa: E402
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Unavailable(ImportError):
+    """A workload's model comes from a library that does not import in this environment."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +200,43 @@ def _mlp(scale: int) -> Workload:
     return Workload("mlp", make_model, make_batch, F.cross_entropy, lambda params: torch.optim.SGD(params, lr=0.01))
 
 
+def _library_model(library: str, build: Callable[[Any], nn.Module]) -> Callable[[], nn.Module]:
+    """A model of ``library`` (torchvision, timm), imported only when a run builds it."""
+
+    def make() -> nn.Module:
+        try:
+            module = importlib.import_module(library)
+        except Exception as error:  # PyPI's torchvision is a CUDA build that fails to import beside torch's CPU build
+            raise Unavailable(f"{library} does not import here ({type(error).__name__}: {str(error)[:200]})") from error
+        return build(module)
+
+    return make
+
+
+def _vision(name: str, library: str, build: Callable[[Any], nn.Module], batch: int, size: int) -> Workload:
+    """An image classifier of a real library, random weights, 10 classes."""
+
+    def make_batch(g: torch.Generator) -> Batch:
+        return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+    return Workload(
+        name,
+        _library_model(library, build),
+        make_batch,
+        F.cross_entropy,
+        lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    )
+
+
+def _library_workloads(batch: int, size: int) -> list[Workload]:
+    """torchvision's ResNet-18 and MobileNetV3-small, timm's ResNet-18d (#31's models)."""
+    return [
+        _vision("resnet18", "torchvision.models", lambda m: m.resnet18(num_classes=10), batch, size),
+        _vision("resnet18d", "timm", lambda m: m.create_model("resnet18d", num_classes=10), batch, size),
+        _vision("mobilenetv3", "torchvision.models", lambda m: m.mobilenet_v3_small(num_classes=10), batch, size),
+    ]
+
+
 def workloads(size: str) -> dict[str, Workload]:
     """The reference workloads at ``size`` ("tiny" for smoke tests, "full" for measurements)."""
     if size == "tiny":
@@ -204,6 +247,7 @@ def workloads(size: str) -> dict[str, Workload]:
             _cnn(1),
             _unet(2, 16, 4),
             _mlp(1),
+            *_library_workloads(2, 32),
         ]
     elif size == "full":
         items = [
@@ -213,6 +257,7 @@ def workloads(size: str) -> dict[str, Workload]:
             _cnn(2),
             _unet(8, 64, 32),
             _mlp(4),
+            *_library_workloads(4, 64),
         ]
     else:
         raise ValueError(f"size must be 'tiny' or 'full', not {size!r}")

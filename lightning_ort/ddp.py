@@ -18,6 +18,7 @@ from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from lightning_ort.auto_choice import Mode
 from lightning_ort.guard import FallbackMode
 from lightning_ort.wrapping import LogLevel, ORTStrategyMixin
 
@@ -56,6 +57,8 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         export_cache: see :class:`~lightning_ort.ORTStrategy`.
         fullgraph: see :class:`~lightning_ort.ORTStrategy`.
         export_timeout: see :class:`~lightning_ort.ORTStrategy`.
+        mode: see :class:`~lightning_ort.ORTStrategy`; each process measures and chooses on its own (both
+            paths train the same parameters, so processes that choose differently still train correctly).
         start_method: how Lightning starts the processes: ``"popen"`` (re-run the script),
             ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         **kwargs: forwarded to ``torch.nn.parallel.DistributedDataParallel`` (e.g.
@@ -84,6 +87,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         export_cache: bool = False,
         fullgraph: bool = False,
         export_timeout: float | None = 300.0,
+        mode: Mode = "ort",
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -130,6 +134,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
             export_cache=export_cache,
             fullgraph=fullgraph,
             export_timeout=export_timeout,
+            mode=mode,
         )
 
     @override

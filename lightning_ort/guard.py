@@ -14,6 +14,7 @@ from torch.utils import _pytree
 
 from lightning_ort import _compat
 from lightning_ort.adapter import ForwardAdapter
+from lightning_ort.auto_choice import PYTORCH, SpeedChoice
 from lightning_ort.dataclass_io import from_mappings, to_mappings
 from lightning_ort.errors import ORTFallbackError, ORTUnsupportedModelError
 from lightning_ort.rank_zero import rank_zero_user_warn
@@ -44,6 +45,12 @@ class ORTModuleReport:
             (each with a report of its own); the module's own code between them runs in PyTorch.
         size_exports: exports again because a Python branch on sizes went the other way for a call's
             input sizes than in the graph's export (``_compat/size_guards.py``).
+        auto_choice: under ``ORTStrategy(mode="auto")``, the path the measurement chose (``"ort"`` or
+            ``"pytorch"``), ``None`` while measuring or under ``mode="ort"``.
+        measured_speedup: under ``mode="auto"``, ORT's measured speed relative to PyTorch's on this module
+            (PyTorch's median step over ORT's; above 1: ORT faster).
+        first_call_seconds: under ``mode="auto"``, ORT's first training call (its export included), from
+            its start to the next call's.
     """
 
     name: str
@@ -55,11 +62,14 @@ class ORTModuleReport:
     parameters: int = 0
     submodules: list[str] = field(default_factory=list)
     size_exports: int = 0
+    auto_choice: str | None = None
+    measured_speedup: float | None = None
+    first_call_seconds: float | None = None
 
     @property
     def uses_ort(self) -> bool:
         """Whether ORT still runs this module in both modes."""
-        return self.fallback_reason is None and self.eval_fallback_reason is None
+        return self.fallback_reason is None and self.eval_fallback_reason is None and self.auto_choice != PYTORCH
 
 
 _TRAINING_UNDER_NO_GRAD = (
@@ -239,8 +249,10 @@ class ORTGuard:
         break_down: BreakDown | None = None,
         warned: set[str] | None = None,
         export_timeout: float | None = None,
+        choice: SpeedChoice | None = None,
     ) -> None:
         self.owner = owner
+        self._choice = choice  # mode="auto": which path each call takes
         self.report = ORTModuleReport(name, parameters=trainable_parameters(owner))
         self._fallback = fallback
         self._break_down = break_down
@@ -288,6 +300,10 @@ class ORTGuard:
         # PyTorch); under no_grad a training-mode module would run ORT's inference graph, which would
         # not update BatchNorm's counters as PyTorch does.
         graph = torch.is_grad_enabled()
+        if self._choice is not None and not self._gave_up(graph) and not self.report.submodules:
+            chosen = self._by_choice(training and graph)
+            if chosen is not None:
+                return self._in_pytorch(chosen, args, kwargs)
         if self._ort_module is None or self._gave_up(graph) or self.report.submodules:
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
@@ -370,6 +386,22 @@ class ORTGuard:
         assert self._ort_module is not None
         _compat.export_again(self._ort_module, graph)
         self._exports_due.add(graph)
+
+    def _by_choice(self, training_call: bool) -> str | None:
+        """mode="auto": why this call runs in PyTorch, or ``None``; ORT's graphs are dropped once PyTorch is chosen
+        and no backward of theirs is pending."""
+        assert self._choice is not None
+        reason = self._choice.pytorch_reason(training_call)
+        self.report.auto_choice = self._choice.chosen
+        self.report.measured_speedup = self._choice.speedup
+        self.report.first_call_seconds = self._choice.first_call_seconds
+        if (
+            self._choice.chosen == PYTORCH
+            and self._ort_module is not None
+            and not _compat.backward_pending(self._ort_module)
+        ):
+            self._ort_module = None
+        return reason
 
     def _lasting_modes(self, modes: tuple[bool, ...]) -> bool:
         """Whether an eval-mode call with gradients on, in modes other than the training graph's, is part of a

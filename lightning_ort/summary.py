@@ -43,6 +43,9 @@ def ort_report_lines(reports: Sequence[ORTModuleReport], share: float | None = N
             line += f"; ORT runs its {len(report.submodules)} submodule(s) instead"
         for reason, calls in report.torch_call_reasons.items():
             line += f"; {calls} in PyTorch because {reason}"
+        if report.auto_choice is not None:
+            speed = "" if report.measured_speedup is None else f" (ORT measured at {report.measured_speedup:.2f}x)"
+            line += f"; mode='auto' chose {'ORT' if report.auto_choice == 'ort' else 'PyTorch'}{speed}"
         lines.append(line)
     return lines
 

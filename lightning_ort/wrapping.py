@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ort import _compat
+from lightning_ort.auto_choice import MODES, Mode, SpeedChoice
 from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
 from lightning_ort.memory import validate_memory_options
 from lightning_ort.optim import fuse_again, fuse_optimizer, unfused_state
@@ -61,6 +62,7 @@ class ORTStrategyMixin(Strategy):
     runtime_options: _compat.ORTRuntimeOptions
     fullgraph: bool
     export_timeout: float | None
+    mode: Mode
     _guards: list[ORTGuard]
     _retired: list[ORTModuleReport]
     _auto_forward: bool
@@ -86,9 +88,16 @@ class ORTStrategyMixin(Strategy):
         export_cache: bool = False,
         fullgraph: bool = False,
         export_timeout: float | None = 300.0,
+        mode: Mode = "ort",
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
+        if mode not in MODES:
+            raise ValueError(
+                f"{name}(mode={mode!r}) must be 'ort' (ORT runs the model) or 'auto' (time ORT against PyTorch "
+                "during the first steps and keep the faster)."
+            )
+        self.mode = mode
         level = _LOG_LEVELS.get(log_level.upper()) if isinstance(log_level, str) else None
         if level is None:
             raise ValueError(
@@ -257,8 +266,16 @@ class ORTStrategyMixin(Strategy):
         break_down = None if self.fullgraph else self._break_down
         for name in names:
             owner = model if name == FORWARD else model.get_submodule(name)
+            choice = SpeedChoice(name, self._expected_training_calls) if self.mode == "auto" else None
             guard = ORTGuard(
-                name, owner, self.runtime_options, self.fallback, break_down, self._warned, self.export_timeout
+                name,
+                owner,
+                self.runtime_options,
+                self.fallback,
+                break_down,
+                self._warned,
+                self.export_timeout,
+                choice,
             )
             guard.install()
             self._guards.append(guard)
@@ -279,6 +296,18 @@ class ORTStrategyMixin(Strategy):
         if children:
             self._install(model, children)
         return children
+
+    def _expected_training_calls(self) -> int | None:
+        """Training batches the run is expected to take (``None``: unbounded or unknown), for ``mode="auto"``."""
+        model = self.lightning_module
+        try:
+            trainer = model.trainer if model is not None else None
+            steps = trainer.estimated_stepping_batches if trainer is not None else None
+        except Exception:  # no Trainer attached, or Lightning cannot tell yet: the run is taken as long
+            return None
+        if trainer is None or steps is None or steps == float("inf"):
+            return None
+        return int(steps) * max(1, trainer.accumulate_grad_batches)
 
     def _memory_arena(self) -> contextlib.AbstractContextManager[None]:
         """On the CPU, the arena serves the whole step (loss, backward, optimizer, user code), not only

@@ -70,3 +70,31 @@ def test_same_process_comparison_runs_tiny() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| cnn |" in result.stdout and "| unet |" in result.stdout and result.stdout.count("x |") == 8
     assert "| no_arena faults/step |" in result.stdout
+
+
+def test_a_library_workload_that_does_not_import_is_marked_unavailable(tmp_path: Path) -> None:
+    """torchvision/timm models build only where their library imports; elsewhere the table says so."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run  # noqa: PLC0415
+        import workloads  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    broken = workloads._library_model("lightning_ort_no_such_library", lambda module: module)
+    try:
+        broken()
+    except workloads.Unavailable as missing:
+        message = str(missing)
+    else:
+        raise AssertionError("a library that does not import gave a model")
+    runs = [
+        {"workload": "resnet18", "mode": mode, "unavailable": message} for mode in ("eager", "ort", "ort_auto")
+    ] + [
+        {"workload": "mlp", "mode": mode, "median_step_s": 0.1, "first_step_s": 1.0, "peak_rss_mb": 10.0,
+         "median_faults_per_step": 0, "auto_choices": "forward: ort (ORT at 1.10x)" if mode == "ort_auto" else ""}
+        for mode in ("eager", "ort", "ort_auto")
+    ]  # fmt: skip
+    table = run._table(run._summarise(runs, ["mlp", "resnet18"], ["eager", "ort", "ort_auto"]), ["eager", "ort"])
+    assert "| resnet18 | unavailable |" in table
+    assert "resnet18: unavailable: lightning_ort_no_such_library does not import here" in table
+    assert "mlp, ort_auto: chose forward: ort (ORT at 1.10x)" in table

@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <tuple>
 
 #include "overloads.h"
@@ -26,18 +28,51 @@ at::Tensor nhwc(const at::Tensor& nchw) { return nchw.defined() ? nchw.permute({
 
 at::Tensor standard(const at::Tensor& tensor) { return tensor.defined() ? tensor.contiguous() : tensor; }
 
+// torch's channels-last convolution kernels lose to the standard ones where the weight is large against the
+// activations (ResNet's last stages on small images: 512 channels at 2x2 ran 1.7-2.2x slower, 256 at 4x4
+// 1.1-1.4x; benchmarks/NOTES.md 61). About half of that is converting the weight to channels-last and its
+// gradient back on every call (ORT holds weights in standard memory), the rest the kernels themselves. Such
+// layers run in standard memory, their (small) activations transposed in and out: eager's kernel for a model
+// in standard memory, and its result for that layer.
+bool standard_is_faster(const at::Tensor& weight, int64_t input_numel, int64_t output_numel) {
+  return weight.numel() >= (int64_t{1} << 18) && 2 * weight.numel() >= 3 * (input_numel + output_numel);
+}
+
+int64_t at_index(at::IntArrayRef values, size_t index) { return values[std::min(index, values.size() - 1)]; }
+
+// Elements of a (non-transposed) 2-D convolution's output for an (N, H, W, C) input.
+int64_t output_numel(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                     at::IntArrayRef padding, at::IntArrayRef dilation) {
+  int64_t numel = input.size(0) * weight.size(0);
+  for (size_t axis = 0; axis < 2; ++axis) {
+    int64_t size = input.size(1 + axis) + 2 * at_index(padding, axis) -
+                   at_index(dilation, axis) * (weight.size(2 + axis) - 1) - 1;
+    numel *= size / at_index(stride, axis) + 1;
+  }
+  return numel;
+}
+
+// The input of a convolution in the memory its kernels run fastest on (see standard_is_faster).
+at::Tensor convolution_input(const at::Tensor& input, bool standard_memory) {
+  return standard_memory ? nchw_view(input).contiguous() : nchw_view(input);
+}
+
 at::Tensor convolution_nhwc(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
                             at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                             at::IntArrayRef output_padding, int64_t groups) {
-  return nhwc(at::convolution(nchw_view(input), weight, c10::nullopt, stride, padding, dilation, transposed,
-                              output_padding, groups));
+  bool standard_memory =
+      !transposed && standard_is_faster(weight, input.numel(), output_numel(input, weight, stride, padding, dilation));
+  return nhwc(at::convolution(convolution_input(input, standard_memory), weight, c10::nullopt, stride, padding,
+                              dilation, transposed, output_padding, groups));
 }
 
 at::Tensor convolution_bias_nhwc(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                  bool transposed, at::IntArrayRef output_padding, int64_t groups) {
-  return nhwc(
-      at::convolution(nchw_view(input), weight, bias, stride, padding, dilation, transposed, output_padding, groups));
+  bool standard_memory =
+      !transposed && standard_is_faster(weight, input.numel(), output_numel(input, weight, stride, padding, dilation));
+  return nhwc(at::convolution(convolution_input(input, standard_memory), weight, bias, stride, padding, dilation,
+                              transposed, output_padding, groups));
 }
 
 template <bool kInput, bool kWeight, bool kBias>
@@ -47,9 +82,11 @@ Grads convolution_nhwc_backward(const at::Tensor& grad, const at::Tensor& input,
                                 at::IntArrayRef output_padding, int64_t groups) {
   c10::optional<at::IntArrayRef> bias_sizes;
   if (bias.has_value()) bias_sizes = bias->sizes();
-  auto [grad_input, grad_weight, grad_bias] = only_needed<kInput, kWeight, kBias>(
-      at::convolution_backward(nchw_view(grad), nchw_view(input), weight, bias_sizes, stride, padding, dilation,
-                               transposed, output_padding, groups, {kInput, kWeight, kBias && bias.has_value()}));
+  // the forward's choice: the gradient has its output's size
+  bool standard_memory = !transposed && standard_is_faster(weight, input.numel(), grad.numel());
+  auto [grad_input, grad_weight, grad_bias] = only_needed<kInput, kWeight, kBias>(at::convolution_backward(
+      convolution_input(grad, standard_memory), convolution_input(input, standard_memory), weight, bias_sizes, stride,
+      padding, dilation, transposed, output_padding, groups, {kInput, kWeight, kBias && bias.has_value()}));
   return {nhwc(grad_input), standard(grad_weight), grad_bias};
 }
 

@@ -1,0 +1,146 @@
+"""``ORTStrategy(mode="auto")``: time ORT against PyTorch on each wrapped module during the run, keep the faster.
+
+ORT trains some models faster than eager PyTorch and some slower, and a user cannot tell in advance
+which (``docs/performance.md``). In ``"auto"`` mode each wrapped module's first training calls run in
+ORT (its export and first step), then one call in PyTorch (its own first-call costs), then ORT and
+PyTorch take turns in the order ORT, PyTorch, PyTorch, ORT, ... (so that an optimizer step every second
+call, with ``accumulate_grad_batches=2``, falls on both alike). Each call is timed from its start to the
+start of the module's next training call, which covers its forward, backward, the optimizer step and
+Lightning's loop, the same for both. After ``pairs`` calls of each the median periods decide: the faster
+path runs the module for the rest of the run (ORT on a tie). A period that an inference call (validation)
+interrupts is not counted.
+
+Both paths train the same parameters, buffers and optimizer, so the run is correct whichever ran a step:
+BatchNorm statistics are updated in place by either, gradients accumulate in ``.grad`` as usual, and
+PyTorch draws dropout masks from torch's generator as in eager. Choosing PyTorch exports nothing and
+drops the module's ORT graphs (their memory) once no backward of theirs is pending.
+
+A run too short for the measurement to pay off (fewer expected training calls than it takes) trains in
+PyTorch from the start: ORT's first step (the export, 0.4-25 s) would not be won back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["ort", "auto"]
+MODES = ("ort", "auto")
+ORT = "ort"
+PYTORCH = "pytorch"
+Path = Literal["ort", "pytorch"]
+
+MEASURING = "timed against ORT (mode='auto')"
+
+
+def chose_pytorch(speedup: float) -> str:
+    """The reason the report gives for calls in PyTorch after ``mode="auto"`` chose it."""
+    return f"mode='auto' measured PyTorch faster (ORT at {speedup:.2f}x its speed)"
+
+
+def clock() -> float:
+    """The time source of the measurement, in seconds (tests replace it to inject step times)."""
+    return time.perf_counter()
+
+
+SHORT_RUN = "mode='auto': the run is too short for ORT's first step (its export) to pay off"
+
+
+class SpeedChoice:
+    """Which path each training call of one wrapped module takes, and the measured choice.
+
+    Args:
+        name: the module's name in the reports.
+        expected_calls: the number of training calls the run is expected to make (``None``: unknown or
+            unbounded), asked once at the first call.
+        warmup: ORT calls before the measurement (the first one exports the model).
+        pairs: timed calls of each path; their medians decide.
+        clock: the time source, in seconds (by default this module's :func:`clock`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        expected_calls: Callable[[], int | None],
+        warmup: int = 2,
+        pairs: int = 8,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.name = name
+        self.chosen: Path | None = None
+        self.speedup: float | None = None  # PyTorch's median call period over ORT's (ORT's speed, higher is faster)
+        self.first_call_seconds: float | None = None  # ORT's first training call, its export included
+        self._expected_calls = expected_calls
+        self._warmup = warmup
+        self._pairs = pairs
+        self._clock = clock
+        self._schedule: list[Path] = [ORT] * warmup + [PYTORCH] + _alternating(pairs)
+        self._calls = 0
+        self._last: tuple[Path, float] | None = None  # the previous training call's path and start
+        self._times: dict[Path, list[float]] = {ORT: [], PYTORCH: []}
+
+    @property
+    def measuring(self) -> bool:
+        return self.chosen is None
+
+    def pytorch_reason(self, training_call: bool) -> str | None:
+        """Why this call runs in PyTorch, or ``None`` if it runs in ORT. ``training_call``: a call in training
+        mode with gradients on (timed); any other call interrupts the period being timed."""
+        if self.chosen == PYTORCH:
+            return SHORT_RUN if self.speedup is None else chose_pytorch(self.speedup)
+        if self.chosen == ORT:
+            return None
+        if not training_call:
+            self._last = None
+            return None
+        now = (self._clock or clock)()  # the module's clock looked up now, so that tests can replace it
+        if self._calls == 0 and self._too_short():
+            self.chosen = PYTORCH
+            rank_zero_info(f"lightning_ort: {self.name} trains in PyTorch: {SHORT_RUN}")
+            return SHORT_RUN
+        if self._last is not None:
+            path, start = self._last
+            if self._calls == 1 and path == ORT:
+                self.first_call_seconds = now - start
+            elif self._calls > self._warmup + 1:
+                self._times[path].append(now - start)
+        if self._calls >= len(self._schedule):
+            if min(len(times) for times in self._times.values()) * 2 >= self._pairs:
+                return self._decide()
+            self._schedule += _alternating(self._pairs)  # inference calls interrupted too many periods
+        path = self._schedule[self._calls]
+        self._calls += 1
+        self._last = (path, now)
+        return MEASURING if path == PYTORCH else None
+
+    def _too_short(self) -> bool:
+        expected = self._expected_calls()
+        return expected is not None and expected <= len(self._schedule)
+
+    def _decide(self) -> str | None:
+        ort, pytorch = statistics.median(self._times[ORT]), statistics.median(self._times[PYTORCH])
+        self.speedup = pytorch / ort if ort > 0 else math.inf
+        self.chosen = ORT if self.speedup >= 1.0 else PYTORCH
+        first = f", first ORT call {self.first_call_seconds:.2f} s" if self.first_call_seconds is not None else ""
+        rank_zero_info(
+            f"lightning_ort: mode='auto' chose {'ORT' if self.chosen == ORT else 'PyTorch'} for {self.name}: ORT ran "
+            f"at {self.speedup:.2f}x PyTorch's speed (median of {self._pairs} steps each, {ort * 1000:.1f} against "
+            f"{pytorch * 1000:.1f} ms{first})"
+        )
+        return None if self.chosen == ORT else chose_pytorch(self.speedup)
+
+
+def _alternating(pairs: int) -> list[Path]:
+    """ORT, PyTorch, PyTorch, ORT, ... : ``pairs`` calls of each, in pairs whose order alternates."""
+    order: list[Path] = []
+    for pair in range(pairs):
+        order += [ORT, PYTORCH] if pair % 2 == 0 else [PYTORCH, ORT]
+    return order
