@@ -17,7 +17,7 @@ from models import CNN, MLP, image_loader, mlp_loader
 
 import lightning_ort
 from lightning_ort import auto_choice
-from lightning_ort.cli import _ort_lines
+from lightning_ort.summary import ort_report_lines
 
 # 2 ORT warm-up calls, 1 PyTorch warm-up call, 8 timed calls of each path; the choice is made at the next call
 MEASURED_CALLS = 2 + 1 + 16
@@ -73,7 +73,7 @@ def test_auto_keeps_ort_where_it_is_faster_and_says_so(monkeypatch: pytest.Monke
     assert set(timer.ort_modules) == {1}  # the graphs stay
     assert_losses_match(eager, auto)
     assert_states_match(eager, auto)
-    assert any("mode='auto' chose ORT (ORT measured at 2.00x)" in line for line in _ort_lines(auto.trainer.strategy))
+    assert any("mode='auto' chose ORT (ORT measured at 2.00x)" in line for line in ort_report_lines(auto.trainer.strategy.ort_reports))
 
 
 def test_auto_chooses_pytorch_where_it_is_faster_and_drops_the_ort_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
