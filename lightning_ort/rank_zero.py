@@ -54,12 +54,10 @@ def rank_zero_user_warn(message: str, category: type[Warning] = UserWarning) -> 
     if frame is None:
         warnings.warn(message, category, stacklevel=3)  # the caller's caller: rank_zero_only wraps this function
         return
-    warnings.warn_explicit(
-        message,
-        category,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module=str(frame.f_globals.get("__name__", "")),
-        registry=frame.f_globals.setdefault("__warningregistry__", {}),
-        module_globals=frame.f_globals,
-    )
+    where = (message, category, frame.f_code.co_filename, frame.f_lineno)
+    module = str(frame.f_globals.get("__name__", ""))
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    try:
+        warnings.warn_explicit(*where, module=module, registry=registry, module_globals=frame.f_globals)
+    except ImportError:  # code run by `python -c`: its loader cannot give the line's source
+        warnings.warn_explicit(*where, module=module, registry=registry)

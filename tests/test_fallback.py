@@ -235,7 +235,9 @@ def test_values_read_by_the_export_that_change_are_followed(source: str, reason:
     at its second change (the mode strings change once, at step 1, and stay in ORT)."""
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        eager, ort = fit_both(lambda: Scheduled(source), mlp_loader, 6, callbacks=[Schedule()])
+        eager, ort = fit_both(
+            lambda: Scheduled(source), mlp_loader, 6, callbacks=[Schedule()], strategy=ORTStrategy(fullgraph=True)
+        )
     ours = [str(r.message) for r in records if "lightning_ort: ORT cannot run" in str(r.message)]
     (report,) = ort.reports
     if source.startswith("mode-"):
@@ -333,7 +335,7 @@ class Unpooled(CNN):
 
 
 def test_unpooling_falls_back_with_what_the_error_means() -> None:
-    eager, ort = fit_both(Unpooled, image_loader, 2)
+    eager, ort = fit_both(Unpooled, image_loader, 2, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None and "F.max_unpool2d's output size check" in report.fallback_reason
     assert_losses_match(eager, ort)
@@ -358,7 +360,7 @@ class ComplexRotation(MLP):
 
 @pytest.mark.parametrize("kept", [True, False], ids=["buffer", "computed"])
 def test_complex_tensors_fall_back_naming_the_real_rotation(kept: bool) -> None:
-    eager, ort = fit_both(lambda: ComplexRotation(kept), mlp_loader, 2)
+    eager, ort = fit_both(lambda: ComplexRotation(kept), mlp_loader, 2, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None and "rotate_half" in report.fallback_reason, report.fallback_reason
     assert_losses_match(eager, ort)
@@ -384,7 +386,9 @@ class OutsideParameters(MLP):
 
 @pytest.mark.parametrize("holder", ["closure", "list"])
 def test_parameters_outside_the_module_fall_back_with_the_fix(holder: str) -> None:
-    eager, ort = fit_both(lambda: OutsideParameters(holder), mlp_loader, 3, strategy=ORTStrategy(fallback="warn"))
+    eager, ort = fit_both(
+        lambda: OutsideParameters(holder), mlp_loader, 3, strategy=ORTStrategy(fullgraph=True, fallback="warn")
+    )
     (report,) = ort.reports
     reason = report.fallback_reason
     assert reason is not None and "nn.ParameterList" in reason and report.torch_calls == 3, reason
@@ -404,7 +408,9 @@ class SpectralNormalised(MLP):
 def test_spectral_norm_falls_back_with_the_reason_and_validates_like_eager() -> None:
     """Its power iteration writes ``_u`` and ``_v`` in place each training forward (the export failed on it
     with "Expected node type 'onnx::Constant' for argument 'rounding_mode'")."""
-    eager, ort = fit_both(SpectralNormalised, mlp_loader, 3, val=mlp_loader(), val_check_interval=3)
+    eager, ort = fit_both(
+        SpectralNormalised, mlp_loader, 3, val=mlp_loader(), val_check_interval=3, strategy=ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "spectral_norm parametrization" in report.fallback_reason
     assert_losses_match(eager, ort)
@@ -492,7 +498,7 @@ def test_a_failed_export_leaves_the_random_numbers_of_eager() -> None:
     torch.manual_seed(1)
     eager = fit(model, mlp_loader(), "auto", 6)
     torch.manual_seed(1)
-    ort = fit(twin, mlp_loader(), ORTStrategy(fallback="warn"), 6)
+    ort = fit(twin, mlp_loader(), ORTStrategy(fullgraph=True, fallback="warn"), 6)
     (report,) = ort.reports
     assert report.fallback_reason is not None and "fft" in report.fallback_reason
     assert_losses_match(eager, ort, rtol=0)
@@ -553,7 +559,7 @@ def test_python_random_numbers_in_forward_fall_back(source: str) -> None:
     results = []
     torch.manual_seed(0)
     model = LayerDrop(source)
-    for strategy in ("auto", ORTStrategy(fallback="warn")):
+    for strategy in ("auto", ORTStrategy(fullgraph=True, fallback="warn")):
         random.seed(0)
         np.random.seed(0)
         twin = LayerDrop(source)
@@ -598,7 +604,9 @@ class CarriedMemory(L.LightningModule):
 
 @pytest.mark.parametrize("holder", ["list", "tuple", "dict", "append"])
 def test_tensors_kept_in_a_container_on_the_module_fall_back(holder: str) -> None:
-    eager, ort = fit_both(lambda: CarriedMemory(holder), mlp_loader, 5, strategy=ORTStrategy(fallback="warn"))
+    eager, ort = fit_both(
+        lambda: CarriedMemory(holder), mlp_loader, 5, strategy=ORTStrategy(fullgraph=True, fallback="warn")
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "stores tensor(s) self.memory[" in report.fallback_reason
     # the export's forward runs appended twice more; put back, the memory holds what eager's does
@@ -624,7 +632,7 @@ class MeasuredSpectrum(DropoutThenSpectrum):
 def test_side_effects_of_a_failed_export_are_undone() -> None:
     """The export's forward runs updated the metric before PyTorch ran the step's forward again: the first
     batch counted three times."""
-    eager, ort = fit_both(MeasuredSpectrum, mlp_loader, 4, strategy=ORTStrategy(fallback="warn"))
+    eager, ort = fit_both(MeasuredSpectrum, mlp_loader, 4, strategy=ORTStrategy(fullgraph=True, fallback="warn"))
     assert ort.reports[0].fallback_reason is not None
     assert float(ort.model.mean_logit.compute()) == float(eager.model.mean_logit.compute())
     assert ort.model.mean_logit.update_count == eager.model.mean_logit.update_count == 4
@@ -674,7 +682,7 @@ class CallLog(MLP):
 
 
 def test_a_list_changed_in_forward_falls_back_counting_each_call_once() -> None:
-    eager, ort = fit_both(CallLog, mlp_loader, 4, strategy=ORTStrategy(fallback="warn"))
+    eager, ort = fit_both(CallLog, mlp_loader, 4, strategy=ORTStrategy(fullgraph=True, fallback="warn"))
     (report,) = ort.reports
     assert report.fallback_reason is not None and "changes Python attribute(s) self.calls" in report.fallback_reason
     assert len(ort.model.calls) == len(eager.model.calls) == 4
@@ -689,7 +697,9 @@ class BatchScaled(MLP):
 
 
 def test_a_python_number_from_a_varying_size_falls_back_naming_sizes() -> None:
-    eager, ort = fit_both(BatchScaled, lambda: mlp_loader(n=40), 3, strategy=ORTStrategy(fallback="warn"))
+    eager, ort = fit_both(
+        BatchScaled, lambda: mlp_loader(n=40), 3, strategy=ORTStrategy(fullgraph=True, fallback="warn")
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "a size such as x.shape[0] is a tensor too" in report.fallback_reason
     assert_losses_match(eager, ort)
@@ -725,7 +735,9 @@ def test_assert_statements_train_in_ort() -> None:
 
 
 def test_branch_on_the_asserted_condition_still_falls_back() -> None:
-    eager, ort = fit_both(BranchesOnSize, lambda: mlp_loader(batch_size=12, n=60), 4)
+    eager, ort = fit_both(
+        BranchesOnSize, lambda: mlp_loader(batch_size=12, n=60), 4, strategy=ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None and "control flow" in report.fallback_reason
     assert_states_match(eager, ort)
