@@ -12,6 +12,8 @@ import torch
 from helpers import assert_losses_match, assert_ort_ran, fit_both
 from torch.utils.data import DataLoader
 
+from lightning_ort import ORTStrategy
+
 
 class _Checked(L.LightningModule):
     """torchvision's ``Encoder.forward`` idiom."""
@@ -53,6 +55,6 @@ def test_size_formatted_into_an_assertion_message_trains_in_ort() -> None:
 
 
 def test_size_formatted_into_a_value_is_still_refused() -> None:
-    _, ort = fit_both(_KeyedByShape, _loader, max_steps=2)
+    _, ort = fit_both(_KeyedByShape, _loader, max_steps=2, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert report.fallback_reason is not None and "into a Python integer" in report.fallback_reason

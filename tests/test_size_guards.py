@@ -14,6 +14,8 @@ import torch
 from helpers import assert_losses_match, assert_ort_ran, fit_both
 from torch.utils.data import DataLoader
 
+from lightning_ort import ORTStrategy
+
 transformers = pytest.importorskip("transformers")
 
 _VOCAB = 64
@@ -114,7 +116,9 @@ class _DataDependentSize(_Branching):
 
 
 def test_a_branch_on_sizes_the_data_decides_falls_back_quoting_the_line() -> None:
-    _, ort = fit_both(_DataDependentSize, lambda: _batches((6,), steps=2), max_steps=2)
+    _, ort = fit_both(
+        _DataDependentSize, lambda: _batches((6,), steps=2), max_steps=2, strategy=ORTStrategy(fullgraph=True)
+    )
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "control flow on sizes at" in report.fallback_reason
