@@ -8,11 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
-import pytest
 import torch
+import transformers
 from torch.utils.data import DataLoader, TensorDataset
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB = 64
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)

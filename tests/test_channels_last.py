@@ -465,11 +465,8 @@ def test_convolution_with_a_weight_larger_than_its_activations_runs_in_standard_
     expected_input, expected_weight, _ = torch.ops.aten.convolution_backward(
         grad, x, weight, None, *layout, [True, True, False]
     )
-    in_channels_last = torch.ops.aten.convolution(
-        x.contiguous(memory_format=torch.channels_last), weight, None, *layout
-    )
-    if torch.equal(in_channels_last, expected):
-        pytest.skip("this CPU's channels-last and standard kernels round alike; the layout cannot be told apart")
+    # (on a CPU whose channels-last and standard kernels round alike the check below cannot tell the layouts
+    # apart; it still holds)
     assert torch.equal(output.permute(0, 3, 1, 2), expected)
     assert torch.equal(grad_input.permute(0, 3, 1, 2), expected_input)
     assert torch.equal(grad_weight, expected_weight)

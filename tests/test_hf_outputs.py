@@ -8,12 +8,11 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+import transformers
 from helpers import RunResult, assert_losses_match, assert_ort_ran, fit_both
 from hf_models import CASES, VOCAB, HFModule, hf_loader
 
 import lightning_ort
-
-transformers = pytest.importorskip("transformers")
 
 
 def _cache_tensors(cache: Any) -> list[torch.Tensor]:

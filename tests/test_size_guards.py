@@ -11,12 +11,11 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+import transformers
 from helpers import assert_losses_match, assert_ort_ran, fit_both
 from torch.utils.data import DataLoader
 
 from lightning_ort import ORTStrategy
-
-transformers = pytest.importorskip("transformers")
 
 _VOCAB = 64
 
