@@ -734,12 +734,14 @@ def test_assert_statements_train_in_ort() -> None:
     assert_states_match(eager, ort)
 
 
-def test_branch_on_the_asserted_condition_still_falls_back() -> None:
-    eager, ort = fit_both(
-        BranchesOnSize, lambda: mlp_loader(batch_size=12, n=60), 4, strategy=ORTStrategy(fullgraph=True)
-    )
+def test_a_branch_on_the_asserted_condition_is_a_size_guard() -> None:
+    """Four batches of 13, then one of 8: the branch is checked on every call, and the graph is exported again
+    when it flips, with eager's results."""
+    eager, ort = fit_both(BranchesOnSize, lambda: mlp_loader(batch_size=13, n=60), 5)
     (report,) = ort.reports
-    assert report.fallback_reason is not None and "control flow" in report.fallback_reason
+    assert report.fallback_reason is None and report.torch_calls == 0 and report.ort_calls == 5
+    assert report.size_exports == 1
+    assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
 
 
