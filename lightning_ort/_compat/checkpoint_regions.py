@@ -18,6 +18,14 @@ import torch
 import torch.utils.checkpoint
 from torch.nn.modules.batchnorm import _NormBase
 
+# The generator that runs a non-reentrant checkpoint's function: torch >= 2.14's checkpoint() calls the
+# _impl directly (the old name only forwards to it)
+_GENERATOR = next(
+    name
+    for name in ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
+    if hasattr(torch.utils.checkpoint, name)
+)
+
 
 @contextlib.contextmanager
 def checkpointed_running_statistics(root: torch.nn.Module) -> Iterator[list[str]]:
@@ -25,7 +33,7 @@ def checkpointed_running_statistics(root: torch.nn.Module) -> Iterator[list[str]
     non-reentrant checkpoint's function runs inside the block."""
     names = {id(module): name for name, module in root.named_modules()}
     found: list[str] = []
-    original = torch.utils.checkpoint._checkpoint_without_reentrant_generator
+    original = getattr(torch.utils.checkpoint, _GENERATOR)
 
     def record(module: torch.nn.Module, args: Any) -> None:
         updates = isinstance(module, _NormBase) and module.training and module.track_running_stats
@@ -40,8 +48,8 @@ def checkpointed_running_statistics(root: torch.nn.Module) -> Iterator[list[str]
         finally:
             handle.remove()
 
-    torch.utils.checkpoint._checkpoint_without_reentrant_generator = watched  # type: ignore[assignment]
+    setattr(torch.utils.checkpoint, _GENERATOR, watched)
     try:
         yield found
     finally:
-        torch.utils.checkpoint._checkpoint_without_reentrant_generator = original
+        setattr(torch.utils.checkpoint, _GENERATOR, original)
