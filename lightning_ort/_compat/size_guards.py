@@ -13,6 +13,9 @@ A decision is kept as a guard only when every size it reads can be followed back
 to a dimension of an input (or to a constant: a parameter's shape, a number in a ``view``) by the
 operators :func:`_size` knows; anything else (a size after a data-dependent operator such as
 ``nonzero``, a branch on values) stays refused by the export's checks with the line that branched.
+
+Over 300 lines because the shape rules of the operators it follows (:func:`_size`) belong with the
+recording and the check that use them; the op registry of issue #30 is where they would move.
 """
 
 from __future__ import annotations
