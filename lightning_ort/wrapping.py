@@ -186,7 +186,8 @@ class ORTStrategyMixin(Strategy):
     def ort_parameter_share(self) -> float | None:
         """The share of the LightningModule's trainable parameters (elements) whose module ORT trains, in the
         current or last run, from 0.0 to 1.0: modules ORT ran in training without giving up on them as a
-        whole. ``None`` before a model with trainable parameters is set up."""
+        whole (nor ``mode="auto"`` choosing PyTorch). ``None`` before a model with trainable parameters is set
+        up."""
         return self._parameter_share() if self._guards else self._retired_share
 
     def _parameter_share(self) -> float | None:
@@ -197,7 +198,8 @@ class ORTStrategyMixin(Strategy):
         in_ort: dict[int, int] = {}
         for guard in self._guards:
             report = guard.report
-            if report.fallback_reason is None and not report.submodules and report.ort_calls:
+            trained_in_ort = report.fallback_reason is None and report.auto_choice != "pytorch"
+            if trained_in_ort and not report.submodules and report.ort_calls:
                 in_ort.update((id(p), p.numel()) for p in guard.owner.parameters() if id(p) in total)
         return sum(in_ort.values()) / sum(total.values())
 

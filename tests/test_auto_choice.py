@@ -71,6 +71,7 @@ def test_auto_keeps_ort_where_it_is_faster_and_says_so(monkeypatch: pytest.Monke
     assert report.torch_call_reasons == {auto_choice.MEASURING: 9}
     assert report.ort_calls == 30 - 9
     assert set(timer.ort_modules) == {1}  # the graphs stay
+    assert auto.trainer.strategy.ort_parameter_share == 1
     assert_losses_match(eager, auto)
     assert_states_match(eager, auto)
     lines = ort_report_lines(auto.trainer.strategy.ort_reports)
@@ -87,6 +88,7 @@ def test_auto_chooses_pytorch_where_it_is_faster_and_drops_the_ort_graphs(monkey
     assert report.ort_calls == 10
     # ORT's graphs are dropped at the first call after the choice
     assert set(timer.ort_modules[:MEASURED_CALLS]) == {1} and set(timer.ort_modules[MEASURED_CALLS:]) == {0}
+    assert auto.trainer.strategy.ort_parameter_share == 0
     assert_losses_match(eager, auto)
     assert_states_match(eager, auto)
 
