@@ -13,6 +13,8 @@ from models import Base, Between, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lightning_ort import ORTStrategy
+
 # repeated targets: 1 twice, 7 three times (4, 5 and 6 never)
 INDEX = torch.tensor([0, 1, 1, 2, 7, 7, 7, 3])
 REPEATS = torch.tensor([1, 2, 1, 1, 0, 1, 1, 1])
@@ -111,7 +113,7 @@ REFUSED: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
 def test_refused_indexing_falls_back_with_reason(
     operator: str, function: Callable[[torch.Tensor], torch.Tensor]
 ) -> None:
-    eager, ort = fit_both(lambda: Between(function), sequences, 4)
+    eager, ort = fit_both(lambda: Between(function), sequences, 4, strategy=ORTStrategy(fullgraph=True))
     reasons = [report.fallback_reason for report in ort.reports]
     assert reasons and all(reason is not None and operator in reason for reason in reasons), reasons
     assert_losses_match(eager, ort)

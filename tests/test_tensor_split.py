@@ -12,6 +12,8 @@ from helpers import assert_losses_match, assert_ort_ran, assert_states_match, fi
 from models import Between, sequence_batches
 from torch.utils.data import DataLoader
 
+from lightning_ort import ORTStrategy
+
 
 def sequences() -> DataLoader:
     # batch sizes 4, 2, 3 (three parts of 2: one empty), lengths 6, 9, 1
@@ -44,7 +46,7 @@ def test_tensor_split_trains_in_ort_like_eager(split: Callable[[torch.Tensor], t
 def test_a_sequence_on_a_gradient_path_hands_the_module_to_pytorch() -> None:
     """A tensor of indices keeps torch's export, an ONNX sequence: ORT would leave its gradients out."""
     split = lambda h: _weighted(h.tensor_split(torch.tensor([2, 5]), dim=-1), -1)  # noqa: E731
-    eager, ort = fit_both(lambda: Between(split), sequences, 4)
+    eager, ort = fit_both(lambda: Between(split), sequences, 4, strategy=ORTStrategy(fullgraph=True))
     (report,) = ort.reports
     assert "through an ONNX sequence" in str(report.fallback_reason)
     assert_losses_match(eager, ort)
