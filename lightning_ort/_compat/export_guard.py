@@ -27,6 +27,7 @@ from lightning_ort._compat.checkpoint_regions import checkpointed_running_statis
 from lightning_ort._compat.grad_regions import GradRegions
 from lightning_ort._compat.python_state import PythonState
 from lightning_ort._compat.traced_calls import ORT_DIR, computed_from_inputs, traced_calls
+from lightning_ort._compat.tracing_state import untraced
 from lightning_ort._compat.value_traces import exporting, value_trace
 from lightning_ort.errors import ORTSetupError, ORTUnsupportedModelError
 
@@ -357,12 +358,8 @@ def _traced_batch_norm_calls(module: torch.nn.Module, exported: _ExportRecord) -
     counts: dict[torch.nn.Module, int] = {}
 
     def batches() -> dict[torch.nn.Module, int]:
-        tracing = torch._C._get_tracing_state()
-        torch._C._set_tracing_state(None)  # read as numbers outside the trace (no TracerWarning, no nodes)
-        try:
+        with untraced():  # read as numbers, not trace nodes
             return {layer: int(layer.num_batches_tracked) for layer in layers}
-        finally:
-            torch._C._set_tracing_state(tracing)
 
     def started(traced: torch.nn.Module, args: Any) -> None:
         if torch.jit.is_tracing():

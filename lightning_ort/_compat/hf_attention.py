@@ -31,17 +31,15 @@ from typing import Any
 
 import torch
 
+from lightning_ort._compat.tracing_state import untraced
+
 _SDPA = "sdpa"
 
 
 def _untraced_length(tensor: torch.Tensor, dim: int) -> int:
     """``tensor.shape[dim]`` as a number, read outside the trace (no node, no TracerWarning)."""
-    tracing = torch._C._get_tracing_state()
-    torch._C._set_tracing_state(None)
-    try:
+    with untraced():
         return int(tensor.shape[dim])
-    finally:
-        torch._C._set_tracing_state(tracing)
 
 
 def _exported_sdpa_forward(original: Callable[..., Any]) -> Callable[..., Any]:

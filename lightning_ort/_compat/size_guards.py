@@ -27,7 +27,6 @@ import logging
 import math
 import operator
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
+from lightning_ort._compat.tracing_state import untraced, warned_at_caller
 from lightning_ort._compat.value_traces import value_trace
 
 log = logging.getLogger(__name__)
@@ -538,21 +538,10 @@ def recorded_decisions(adapter: torch.nn.Module, locate: Callable[[], str | None
             log.debug("lightning_ort: a branch at %s reads what the size guards do not follow: %r", locate(), error)
             expression = None
         if expression is None or not _reads_a_size(follower.nodes, expression):
-            # a branch on data, or on sizes it cannot follow: torch warns, the export refuses; its C++ warning
-            # names the innermost Python frame, this one: give it the caller's
-            with warnings.catch_warnings(record=True) as records:
-                warnings.simplefilter("always")
-                answer = original(self)
-            caller = sys._getframe(1)
-            for record in records:
-                warnings.warn_explicit(record.message, record.category, caller.f_code.co_filename, caller.f_lineno)
-            return answer
-        state = torch._C._get_tracing_state()
-        torch._C._set_tracing_state(None)  # read the answer without recording (or warning about) it
-        try:
+            # a branch on data, or on sizes it cannot follow: torch warns (at the caller's line), the export refuses
+            return warned_at_caller(original, self)
+        with untraced():
             answer = original(self)
-        finally:
-            torch._C._set_tracing_state(state)
         decision = SizeDecision(expression, answer, locate() or _caller())
         if decision not in recording.decisions:
             recording.decisions.append(decision)

@@ -29,7 +29,6 @@ import functools
 import linecache
 import sys
 import types
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +38,7 @@ from torch.nn.utils.weight_norm import WeightNorm
 
 from lightning_ort._compat.fixed_sizes import fixed_number, fixed_size
 from lightning_ort._compat.traced_calls import TracedCalls
+from lightning_ort._compat.tracing_state import untraced, warned_at_caller
 from lightning_ort._compat.value_traces import value_trace
 
 _SUBSCRIPTS = {"BINARY_SUBSCR", "STORE_SUBSCR", "BINARY_SLICE", "STORE_SLICE"}
@@ -116,22 +116,11 @@ def fixed_size_numbers() -> Iterator[None]:
         @functools.wraps(original)
         def convert(self: torch.Tensor) -> Any:
             if torch.jit.is_tracing() and self.dim() == 0 and _is_fixed_size_read(self):
-                state = torch._C._get_tracing_state()
-                torch._C._set_tracing_state(None)  # read the number without recording (or warning about) it
-                try:
+                with untraced():
                     return original(self)
-                finally:
-                    torch._C._set_tracing_state(state)
             if not torch.jit.is_tracing():
                 return original(self)
-            # torch's C++ warning names the innermost Python frame, this one: give it the caller's
-            with warnings.catch_warnings(record=True) as records:
-                warnings.simplefilter("always")
-                number = original(self)
-            caller = sys._getframe(1)
-            for record in records:
-                warnings.warn_explicit(record.message, record.category, caller.f_code.co_filename, caller.f_lineno)
-            return number
+            return warned_at_caller(original, self)
 
         return convert
 
