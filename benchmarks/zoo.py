@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "tests" / "zoo"
 DEFAULT_VISION_PYTHON = ROOT / ".venv-torch-2.14.1" / "bin" / "python"
-sys.path[:0] = [str(ZOO), str(ZOO / "vision")]  # the zoo's tables and harness
+sys.path[:0] = [str(ZOO), str(ZOO / "vision"), str(ZOO.parent)]  # the zoo's tables and harness, tests/helpers.py
 SKIP = 2  # steps left out of the median step times (export, graph build, first-call allocations)
 MOSTLY = 0.9  # the share of trainable parameters in ORT that counts as "mostly in ORT"
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from helpers import trainer_kwargs
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
@@ -287,17 +288,7 @@ def _fit(module: ZooModule, batches: list[Any], strategy: Any, run: Run, baton: 
         baton.wait(run.name)
     try:
         trainer = L.Trainer(
-            strategy=strategy,
-            accelerator="cpu",
-            devices=1,
-            max_steps=len(batches),
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            callbacks=[_Recorder(run, baton)],
+            strategy=strategy, max_steps=len(batches), callbacks=[_Recorder(run, baton)], **trainer_kwargs()
         )
         trainer.fit(module, DataLoader(batches, batch_size=None))
         if isinstance(trainer.strategy, lightning_ort.ORTStrategy):
