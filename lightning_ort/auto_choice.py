@@ -1,4 +1,4 @@
-"""``ORTStrategy(mode="auto")``: time ORT against PyTorch on each wrapped module during the run, keep the faster.
+"""``ORTStrategy(mode="auto")`` (the default): time ORT against PyTorch on each wrapped module, keep the faster.
 
 ORT trains some models faster than eager PyTorch and some slower, and a user cannot tell in advance
 which (``docs/performance.md``). In ``"auto"`` mode each wrapped module's first training calls run in
@@ -6,17 +6,21 @@ ORT (its export and first step), then one call in PyTorch (its own first-call co
 PyTorch take turns in the order ORT, PyTorch, PyTorch, ORT, ... (so that an optimizer step every second
 call, with ``accumulate_grad_batches=2``, falls on both alike). Each call is timed from its start to the
 start of the module's next training call, which covers its forward, backward, the optimizer step and
-Lightning's loop, the same for both. After ``pairs`` calls of each the median periods decide: the faster
-path runs the module for the rest of the run (ORT on a tie). A period that an inference call (validation)
-interrupts is not counted.
+Lightning's loop, the same for both. After ``pairs`` calls of each the median periods decide, or earlier,
+after ``EARLY`` calls of each, when every call of one path took less time than every call of the other:
+the faster path runs the module for the rest of the run. ORT keeps it unless PyTorch measured more than
+``1 / TIE`` times as fast (a difference within the measurement's noise is a tie, and the user asked for
+ORT). A period that an inference call (validation) interrupts is not counted.
 
 Both paths train the same parameters, buffers and optimizer, so the run is correct whichever ran a step:
 BatchNorm statistics are updated in place by either, gradients accumulate in ``.grad`` as usual, and
 PyTorch draws dropout masks from torch's generator as in eager. Choosing PyTorch exports nothing and
 drops the module's ORT graphs (their memory) once no backward of theirs is pending.
 
-A run too short for the measurement to pay off (fewer expected training calls than it takes) trains in
-PyTorch from the start: ORT's first step (the export, 0.4-25 s) would not be won back.
+A run too short for the measurement (fewer expected training calls than it takes: a smoke test,
+``fast_dev_run``) trains in ORT throughout: there is nothing to measure, and such a run is how a user checks
+that ORT takes the model. ORT's first call (the export) is not counted against ORT at the choice: by then
+it is spent whichever path runs the rest.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def clock() -> float:
     return time.perf_counter()
 
 
-SHORT_RUN = "mode='auto': the run is too short for ORT's first step (its export) to pay off"
+TIE = 0.98  # ORT's measured speed relative to PyTorch's at or above which ORT keeps the module
+EARLY = 4  # timed calls of each path after which a clear difference (no overlap) decides
 
 
 class SpeedChoice:
@@ -77,7 +82,6 @@ class SpeedChoice:
         self.name = name
         self.chosen: Path | None = None
         self.speedup: float | None = None  # PyTorch's median call period over ORT's (ORT's speed, higher is faster)
-        self.first_call_seconds: float | None = None  # ORT's first training call, its export included
         self._expected_calls = expected_calls
         self._warmup = warmup
         self._pairs = pairs
@@ -95,7 +99,8 @@ class SpeedChoice:
         """Why this call runs in PyTorch, or ``None`` if it runs in ORT. ``training_call``: a call in training
         mode with gradients on (timed); any other call interrupts the period being timed."""
         if self.chosen == PYTORCH:
-            return SHORT_RUN if self.speedup is None else chose_pytorch(self.speedup)
+            assert self.speedup is not None
+            return chose_pytorch(self.speedup)
         if self.chosen == ORT:
             return None
         if not training_call:
@@ -103,15 +108,15 @@ class SpeedChoice:
             return None
         now = (self._clock or clock)()  # the module's clock looked up now, so that tests can replace it
         if self._calls == 0 and self._too_short():
-            self.chosen = PYTORCH
-            rank_zero_info(f"lightning_ort: {self.name} trains in PyTorch: {SHORT_RUN}")
-            return SHORT_RUN
+            self.chosen = ORT
+            log.info("lightning_ort: %s: the run is too short to time ORT against PyTorch; ORT runs it", self.name)
+            return None
         if self._last is not None:
             path, start = self._last
-            if self._calls == 1 and path == ORT:
-                self.first_call_seconds = now - start
-            elif self._calls > self._warmup + 1:
+            if self._calls > self._warmup + 1:
                 self._times[path].append(now - start)
+        if self._separated():
+            return self._decide()
         if self._calls >= len(self._schedule):
             if min(len(times) for times in self._times.values()) * 2 >= self._pairs:
                 return self._decide()
@@ -125,15 +130,24 @@ class SpeedChoice:
         expected = self._expected_calls()
         return expected is not None and expected <= len(self._schedule)
 
+    def _separated(self) -> bool:
+        """Whether ``EARLY`` or more timed calls of each path show a clear difference: every call of one path
+        took less time than every call of the other (with equal speeds, 4 calls each fall so by chance 3% of
+        the time, and then either choice is as good)."""
+        ort, pytorch = self._times[ORT], self._times[PYTORCH]
+        if min(len(ort), len(pytorch)) < EARLY:
+            return False
+        return max(ort) < min(pytorch) or max(pytorch) < min(ort)
+
     def _decide(self) -> str | None:
         ort, pytorch = statistics.median(self._times[ORT]), statistics.median(self._times[PYTORCH])
         self.speedup = pytorch / ort if ort > 0 else math.inf
-        self.chosen = ORT if self.speedup >= 1.0 else PYTORCH
-        first = f", first ORT call {self.first_call_seconds:.2f} s" if self.first_call_seconds is not None else ""
+        self.chosen = ORT if self.speedup >= TIE else PYTORCH
+        steps = min(len(times) for times in self._times.values())
         rank_zero_info(
             f"lightning_ort: mode='auto' chose {'ORT' if self.chosen == ORT else 'PyTorch'} for {self.name}: ORT ran "
-            f"at {self.speedup:.2f}x PyTorch's speed (median of {self._pairs} steps each, {ort * 1000:.1f} against "
-            f"{pytorch * 1000:.1f} ms{first})"
+            f"at {self.speedup:.2f}x PyTorch's speed (median of {steps} steps each, {ort * 1000:.1f} against "
+            f"{pytorch * 1000:.1f} ms)"
         )
         return None if self.chosen == ORT else chose_pytorch(self.speedup)
 

@@ -87,7 +87,7 @@ class ORTDDPStrategy(ORTStrategyMixin, DDPStrategy):
         export_cache: bool = False,
         fullgraph: bool = False,
         export_timeout: float | None = 300.0,
-        mode: Mode = "ort",
+        mode: Mode = "auto",
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -49,8 +50,8 @@ class ORTModuleReport:
             ``"pytorch"``), ``None`` while measuring or under ``mode="ort"``.
         measured_speedup: under ``mode="auto"``, ORT's measured speed relative to PyTorch's on this module
             (PyTorch's median step over ORT's; above 1: ORT faster).
-        first_call_seconds: under ``mode="auto"``, ORT's first training call (its export included), from
-            its start to the next call's.
+        first_call_seconds: the wall time of ORT's first training call of this module (its forward, with the
+            export and the graph builds), ``None`` before it.
     """
 
     name: str
@@ -367,6 +368,7 @@ class ORTGuard:
             self.report.size_exports += 1
         _compat.set_training_flag(self._ort_module, graph, training)
         budget = self._export_timeout if graph in self._exports_due else None
+        start = time.perf_counter()
         try:
             self._check_python_state(modules, changed)
             with time_budget(budget, f"`{self.report.name}`"):
@@ -375,6 +377,8 @@ class ORTGuard:
             self._give_up(error, graph, autocast)
             self.report.torch_calls += 1
             return self._torch_forward(*args, **kwargs)
+        if graph and self.report.first_call_seconds is None:
+            self.report.first_call_seconds = time.perf_counter() - start
         self._exports_due.discard(graph)
         # each layer in train mode, also in the inference graph (test-time adaptation of BatchNorm under no_grad)
         _compat.advance_batch_counters(self._batch_norms)
@@ -394,7 +398,6 @@ class ORTGuard:
         reason = self._choice.pytorch_reason(training_call)
         self.report.auto_choice = self._choice.chosen
         self.report.measured_speedup = self._choice.speedup
-        self.report.first_call_seconds = self._choice.first_call_seconds
         if (
             self._choice.chosen == PYTORCH
             and self._ort_module is not None

@@ -90,12 +90,13 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
             call in training and in eval, and each new export); past it the module falls back (or breaks
             down, see ``fullgraph``) with a reason that says so. ``None``: no limit. Only the main thread
             can be interrupted; elsewhere there is no limit.
-        mode: ``"ort"`` (default): ORT runs the wrapped modules. ``"auto"``: each wrapped module's first
-            training steps run in ORT and in PyTorch by turns (about 19 steps, the first ORT step with its
-            export), and the faster path by the median step trains it for the rest of the run; the choice and
+        mode: ``"auto"`` (default): each wrapped module's first training steps run in ORT and in PyTorch by
+            turns (11-19 steps, the first ORT step with its export), and the faster path by the median step
+            trains it for the rest of the run (ORT unless PyTorch measured more than 2% faster); the choice and
             the measured speed are logged and reported (``ort_reports``: ``auto_choice``, ``measured_speedup``).
             Both paths train correctly at every step. A run expected to be shorter than the measurement
-            trains in PyTorch from the start.
+            (``max_steps``, ``max_epochs``) trains in ORT throughout. ``"ort"``: ORT runs the wrapped modules
+            at every step, however fast.
         device: the device to train on, e.g. ``"cpu"`` or ``"cuda:0"``; by default the Trainer's
             ``accelerator`` and ``devices`` choose it.
         accelerator: see :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
@@ -123,7 +124,7 @@ class ORTStrategy(ORTStrategyMixin, SingleDeviceStrategy):
         export_cache: bool = False,
         fullgraph: bool = False,
         export_timeout: float | None = 300.0,
-        mode: Mode = "ort",
+        mode: Mode = "auto",
         device: str | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,

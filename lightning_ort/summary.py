@@ -32,10 +32,16 @@ def ort_report_lines(reports: Sequence[ORTModuleReport], share: float | None = N
     if len(clean) > 6:
         names = ", ".join(f"`{report.name}`" for report in clean[:6])
         calls = sum(report.ort_calls for report in clean)
-        lines.append(f"ORT ran {names} and {len(clean) - 6} more: {calls} calls in ORT, 0 in PyTorch")
+        first = sum(report.first_call_seconds or 0.0 for report in clean)
+        lines.append(
+            f"ORT ran {names} and {len(clean) - 6} more: {calls} calls in ORT, 0 in PyTorch; "
+            f"their first ORT calls {first:.2f} s together"
+        )
         reports = [report for report in reports if report not in clean]
     for report in reports:
         line = f"ORT ran `{report.name}`: {report.ort_calls} calls in ORT, {report.torch_calls} in PyTorch"
+        if report.first_call_seconds is not None:
+            line += f" (first ORT call {report.first_call_seconds:.2f} s, export included)"
         for graph, reason in (("training", report.fallback_reason), ("inference", report.eval_fallback_reason)):
             if reason is not None:
                 line += f"; gave up on its {graph} graph: {reason}"
@@ -43,9 +49,11 @@ def ort_report_lines(reports: Sequence[ORTModuleReport], share: float | None = N
             line += f"; ORT runs its {len(report.submodules)} submodule(s) instead"
         for reason, calls in report.torch_call_reasons.items():
             line += f"; {calls} in PyTorch because {reason}"
-        if report.auto_choice is not None:
-            speed = "" if report.measured_speedup is None else f" (ORT measured at {report.measured_speedup:.2f}x)"
-            line += f"; mode='auto' chose {'ORT' if report.auto_choice == 'ort' else 'PyTorch'}{speed}"
+        if report.auto_choice is not None and report.measured_speedup is None:
+            line += "; mode='auto': too short a run to time ORT against PyTorch"
+        elif report.auto_choice is not None:
+            chosen = "ORT" if report.auto_choice == "ort" else "PyTorch"
+            line += f"; mode='auto' chose {chosen} (ORT measured at {report.measured_speedup:.2f}x)"
         lines.append(line)
     return lines
 

@@ -88,7 +88,7 @@ class ORTStrategyMixin(Strategy):
         export_cache: bool = False,
         fullgraph: bool = False,
         export_timeout: float | None = 300.0,
-        mode: Mode = "ort",
+        mode: Mode = "auto",
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
@@ -300,7 +300,8 @@ class ORTStrategyMixin(Strategy):
         return children
 
     def _expected_training_calls(self) -> int | None:
-        """Training batches the run is expected to take (``None``: unbounded or unknown), for ``mode="auto"``."""
+        """Training batches the run is expected to take from now (``None``: unbounded or unknown), for
+        ``mode="auto"``; a resumed run counts from its checkpoint's step."""
         model = self.lightning_module
         try:
             trainer = model.trainer if model is not None else None
@@ -309,7 +310,7 @@ class ORTStrategyMixin(Strategy):
             return None
         if trainer is None or steps is None or steps == float("inf"):
             return None
-        return int(steps) * max(1, trainer.accumulate_grad_batches)
+        return max(0, int(steps) - trainer.global_step) * max(1, trainer.accumulate_grad_batches)
 
     def _memory_arena(self) -> contextlib.AbstractContextManager[None]:
         """On the CPU, the arena serves the whole step (loss, backward, optimizer, user code), not only

@@ -59,7 +59,7 @@ def fit(
     model: L.LightningModule,
     train: DataLoader,
     strategy: Any = "auto",
-    max_steps: int = 20,
+    max_steps: int = 16,
     val: DataLoader | None = None,
     ckpt_path: Any = None,
     **overrides: Any,
@@ -78,7 +78,7 @@ def fit(
 def fit_both(
     make_model: Callable[[], L.LightningModule],
     make_loader: Callable[[], DataLoader],
-    max_steps: int = 20,
+    max_steps: int = 16,
     strategy: Any = "ort",
     **overrides: Any,
 ) -> tuple[RunResult, RunResult]:

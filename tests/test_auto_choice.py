@@ -19,7 +19,9 @@ import lightning_ort
 from lightning_ort import auto_choice
 from lightning_ort.summary import ort_report_lines
 
-# 2 ORT warm-up calls, 1 PyTorch warm-up call, 8 timed calls of each path; the choice is made at the next call
+# 2 ORT warm-up calls, 1 PyTorch warm-up call, then timed calls of each path: 4 when every call of one path is
+# faster than every call of the other, else 8; the choice is made at the next call
+EARLY_CALLS = 2 + 1 + 8
 MEASURED_CALLS = 2 + 1 + 16
 
 
@@ -63,13 +65,13 @@ def test_auto_keeps_ort_where_it_is_faster_and_says_so(monkeypatch: pytest.Monke
     eager, auto, timer = _fit_auto(monkeypatch, MLP, mlp_loader, 1.0, 2.0, 30)
     (report,) = auto.reports
     assert report.auto_choice == "ort" and report.measured_speedup == pytest.approx(2.0)
-    assert report.first_call_seconds == pytest.approx(1.0)
+    assert report.first_call_seconds is not None and report.first_call_seconds > 0
     assert report.fallback_reason is None and report.uses_ort
-    # both paths ran while measuring, then ORT only
-    assert timer.paths[:3] == ["ort", "ort", "pytorch"] and "pytorch" in timer.paths[3:MEASURED_CALLS]
-    assert set(timer.paths[MEASURED_CALLS:]) == {"ort"}
-    assert report.torch_call_reasons == {auto_choice.MEASURING: 9}
-    assert report.ort_calls == 30 - 9
+    # both paths ran while measuring (4 timed calls each: every ORT call was faster), then ORT only
+    assert timer.paths[:3] == ["ort", "ort", "pytorch"] and "pytorch" in timer.paths[3:EARLY_CALLS]
+    assert set(timer.paths[EARLY_CALLS:]) == {"ort"}
+    assert report.torch_call_reasons == {auto_choice.MEASURING: 5}
+    assert report.ort_calls == 30 - 5
     assert set(timer.ort_modules) == {1}  # the graphs stay
     assert auto.trainer.strategy.ort_parameter_share == 1
     assert_losses_match(eager, auto)
@@ -83,14 +85,32 @@ def test_auto_chooses_pytorch_where_it_is_faster_and_drops_the_ort_graphs(monkey
     (report,) = auto.reports
     assert report.auto_choice == "pytorch" and report.measured_speedup == pytest.approx(0.5)
     assert not report.uses_ort and report.fallback_reason is None
-    assert set(timer.paths[MEASURED_CALLS:]) == {"pytorch"}
-    assert report.torch_call_reasons[auto_choice.chose_pytorch(0.5)] == 30 - MEASURED_CALLS
-    assert report.ort_calls == 10
+    assert set(timer.paths[EARLY_CALLS:]) == {"pytorch"}
+    assert report.torch_call_reasons[auto_choice.chose_pytorch(0.5)] == 30 - EARLY_CALLS
+    assert report.ort_calls == 6
     # ORT's graphs are dropped at the first call after the choice
-    assert set(timer.ort_modules[:MEASURED_CALLS]) == {1} and set(timer.ort_modules[MEASURED_CALLS:]) == {0}
+    assert set(timer.ort_modules[:EARLY_CALLS]) == {1} and set(timer.ort_modules[EARLY_CALLS:]) == {0}
     assert auto.trainer.strategy.ort_parameter_share == 0
     assert_losses_match(eager, auto)
     assert_states_match(eager, auto)
+
+
+@pytest.mark.parametrize(
+    ("ort_seconds", "chosen", "ort_calls"),
+    [
+        (1.0, "ort", 30 - 9),  # equal medians: no early decision, 8 timed calls each, then ORT keeps the module
+        (1.015, "ort", 30 - 5),  # PyTorch 1.5% faster, every call: decided early, and within 2%: a tie, ORT
+        (1.05, "pytorch", 6),  # PyTorch 5% faster: PyTorch
+    ],
+)
+def test_a_difference_within_two_percent_is_a_tie_that_ort_keeps(
+    monkeypatch: pytest.MonkeyPatch, ort_seconds: float, chosen: str, ort_calls: int
+) -> None:
+    _, auto, timer = _fit_auto(monkeypatch, MLP, mlp_loader, ort_seconds, 1.0, 30)
+    (report,) = auto.reports
+    assert report.auto_choice == chosen
+    assert report.measured_speedup == pytest.approx(1.0 / ort_seconds)
+    assert report.ort_calls == ort_calls
 
 
 def test_both_paths_keep_batch_norm_statistics_and_accumulated_gradients_as_eager(
@@ -103,19 +123,24 @@ def test_both_paths_keep_batch_norm_statistics_and_accumulated_gradients_as_eage
     )
     (report,) = auto.reports
     assert report.auto_choice == "ort" and report.fallback_reason is None
-    assert timer.paths[:MEASURED_CALLS].count("pytorch") == 9
+    assert timer.paths[:EARLY_CALLS].count("pytorch") == 5
     assert_losses_match(eager, auto, rtol=1e-5)
     assert_states_match(eager, auto)
     assert torch.equal(auto.state["features.1.num_batches_tracked"], eager.state["features.1.num_batches_tracked"])
 
 
-def test_a_run_shorter_than_the_measurement_trains_in_pytorch_without_exporting() -> None:
+def test_a_run_shorter_than_the_measurement_trains_in_ort_throughout() -> None:
     torch.manual_seed(0)
     run = fit(MLP(), mlp_loader(), lightning_ort.ORTStrategy(mode="auto"), max_steps=10)
     (report,) = run.reports
-    assert report.auto_choice == "pytorch" and report.measured_speedup is None
-    assert report.ort_calls == 0 and report.torch_calls == 10
-    assert report.torch_call_reasons == {auto_choice.SHORT_RUN: 10}
+    assert report.auto_choice == "ort" and report.measured_speedup is None
+    assert report.ort_calls == 10 and report.torch_calls == 0
+    assert report.first_call_seconds is not None and report.first_call_seconds > 0
+
+
+def test_auto_is_the_default_mode() -> None:
+    assert lightning_ort.ORTStrategy().mode == "auto"
+    assert lightning_ort.ORTDDPStrategy().mode == "auto"
 
 
 def test_mode_ort_measures_nothing() -> None:

@@ -330,7 +330,7 @@ class ExportEachValidation(L.Callback):
 
 def test_to_onnx_during_fit_leaves_ort_its_graphs(tmp_path: Path) -> None:
     export = ExportEachValidation(tmp_path)
-    result = fit(CNN(), image_loader(), "ort", -1, val=image_loader(), max_epochs=2, callbacks=[export])
+    result = fit(CNN(), image_loader(n=128), "ort", -1, val=image_loader(), max_epochs=2, callbacks=[export])
     assert export.exported == 2 and (tmp_path / "epoch1.onnx").exists()
     (report,) = result.reports
     assert report.fallback_reason is None and report.eval_fallback_reason is None

@@ -105,6 +105,19 @@ def test_what_the_export_depends_on_changes_the_key(cache_dir: Path, exports: li
     assert len(list(cache_dir.iterdir())) == 2
 
 
+def test_another_version_of_a_loaded_library_changes_the_key(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library's code is not hashed like the user's (an upgraded transformers would reuse a graph traced
+    through its old code): its installed version is part of the key."""
+    model, inputs = MLP(), (torch.randn(2, 16),)
+    key = export_cache.cache_directory(model, inputs, None, 17, True, False)
+    assert export_cache.cache_directory(model, inputs, None, 17, True, False) == key
+    monkeypatch.setattr(export_cache, "_version", lambda name: "0.0.1" if name == "numpy" else "same")
+    upgraded = export_cache.cache_directory(model, inputs, None, 17, True, False)
+    monkeypatch.setattr(export_cache, "_version", lambda name: "0.0.2" if name == "numpy" else "same")
+    assert key is not None and upgraded is not None
+    assert export_cache.cache_directory(model, inputs, None, 17, True, False) != upgraded
+
+
 def test_float64_model_gets_its_own_key(cache_dir: Path) -> None:
     module = MLP()
     directory = export_cache.cache_directory(module, [torch.randn(2, 16)], "info", 17, True, False)

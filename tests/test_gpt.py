@@ -7,7 +7,7 @@ from helpers import RunResult, assert_losses_match, assert_ort_ran, assert_state
 from model import GPT, CharDataModule
 from torch.utils.data import DataLoader
 
-STEPS = 20
+STEPS = 16
 
 
 def make_gpt() -> GPT:

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from lightning_ort import ORTStrategy
 
-STEPS = 20
+STEPS = 16
 
 
 @pytest.mark.parametrize("strategy", ["ort", ORTStrategy()], ids=["string", "object"])

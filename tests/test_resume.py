@@ -39,7 +39,7 @@ def loader() -> torch.utils.data.DataLoader:
 
 
 def strategy() -> ORTStrategy:
-    return ORTStrategy(intra_op_num_threads=1, fallback="raise")
+    return ORTStrategy(intra_op_num_threads=1, fallback="raise", mode="ort")  # ORT at every step, bit for bit
 
 
 VICTIM = f"""

@@ -10,14 +10,17 @@ named by a key over everything the export depends on that can be seen from outsi
 - the source files of all user code loaded in the process (every module outside the Python
   installation), so any edit to a ``forward`` or a helper it calls gives a new key; if a module class
   has no source file (defined in a notebook or a REPL), nothing is cached;
+- the installed versions of the libraries loaded in the process (transformers, timm, ...), whose code
+  is not hashed: an upgrade gives a new key;
 - the module tree: structure, train/eval flags, parameter and buffer names, shapes, dtypes and
   ``requires_grad``, plain tensor attributes (by value) and other attributes (by ``repr`` where it
   shows a value);
 - the inputs: kinds, dtypes, ranks, ``requires_grad``, and non-tensor values.
 
 What the key cannot see is state a ``forward`` reads from elsewhere (environment variables, globals
-set at run time); such models must not use the cache. Graphs with custom autograd.Functions
-(PythonOp nodes) are never cached, and an export that lightning_ort refuses is removed from it.
+set at run time, files, a library edited in place without a new version); such models must not use
+the cache, and that is why it is off by default: a wrong graph would train silently. Graphs with
+custom autograd.Functions (PythonOp nodes) are never cached, and an export that lightning_ort refuses is removed from it.
 What the export's trace recorded (module attributes read, BatchNorm calls per forward) is kept with
 the graph (``trace_record.py``) and taken over when it is reused. A key holds up to
 ``_ENTRIES_PER_KEY`` graphs, one per set of recorded values; none that fits the module's: a new export.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -85,6 +89,32 @@ def _user_sources(digest: Any) -> None:
         digest.update(path.encode())
         with contextlib.suppress(OSError):
             digest.update(Path(path).read_bytes())
+
+
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+@functools.cache
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _library_versions(digest: Any) -> None:
+    """The installed versions of the libraries loaded in the process (transformers, timm, ...): their
+    code is not hashed like the user's, so an upgrade must change the key through the version."""
+    distributions = _distributions()
+    names = set()
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if "." not in name and path and not _is_user_file(path):
+            names.update(distributions.get(name, ()))
+    for name in sorted(names):
+        digest.update(f"{name}=={_version(name)}".encode())
 
 
 def _value(value: Any) -> str:
@@ -147,6 +177,7 @@ def cache_directory(
         return None
     _inputs(inputs, digest)
     _user_sources(digest)
+    _library_versions(digest)
     directory = cache_root() / "exports" / digest.hexdigest()[:32]
     try:
         directory.mkdir(parents=True, exist_ok=True)
