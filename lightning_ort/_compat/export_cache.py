@@ -20,7 +20,8 @@ named by a key over everything the export depends on that can be seen from outsi
 What the key cannot see is state a ``forward`` reads from elsewhere (environment variables, globals
 set at run time, files, a library edited in place without a new version); such models must not use
 the cache, and that is why it is off by default: a wrong graph would train silently. Graphs with
-custom autograd.Functions (PythonOp nodes) are never cached, and an export that lightning_ort refuses is removed from it.
+custom autograd.Functions (PythonOp nodes) are never cached, and an export that lightning_ort refuses
+is removed from it.
 What the export's trace recorded (module attributes read, BatchNorm calls per forward) is kept with
 the graph (``trace_record.py``) and taken over when it is reused. A key holds up to
 ``_ENTRIES_PER_KEY`` graphs, one per set of recorded values; none that fits the module's: a new export.
