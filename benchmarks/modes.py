@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import lightning as L
 import torch
 from torch import nn
-from workloads import Batch, Workload
+from workloads import Batch, Workload, call
 
 import lightning_ort
 from lightning_ort import _compat
@@ -64,12 +64,12 @@ class BenchModule(L.LightningModule):
         self.workload = workload
         self.model = model
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return self.workload.loss(self(x), y)
+        return self.workload.loss(call(self, x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.workload.make_optimizer(list(self.parameters()))
@@ -111,13 +111,17 @@ def _lightning(
     return Steps(timer.step_times, faults.faults, ", ".join(choices))
 
 
-def _loop(workload: Workload, model: nn.Module, call: nn.Module, batches: list[Batch], device: str) -> Steps:
-    """A plain training loop without Lightning: ``call`` (the model or its ORTModule) on every batch."""
+def _to(x: Any, device: str) -> Any:
+    return {key: value.to(device) for key, value in x.items()} if isinstance(x, dict) else x.to(device)
+
+
+def _loop(workload: Workload, model: nn.Module, runner: nn.Module, batches: list[Batch], device: str) -> Steps:
+    """A plain training loop without Lightning: ``runner`` (the model or its ORTModule) on every batch."""
     optimizer = workload.make_optimizer(list(model.parameters()))
     steps = Steps([], [])
     for x, y in batches:
         start, faults = time.perf_counter(), minor_faults()
-        workload.train_step(call, optimizer, (x.to(device), y.to(device)))
+        workload.train_step(runner, optimizer, (_to(x, device), y.to(device)))
         steps.times.append(time.perf_counter() - start)
         steps.faults.append(minor_faults() - faults)
     return steps
@@ -143,8 +147,9 @@ def run_mode(
     model = workload.make_model()
     if mode == "eager":
         return _lightning(workload, model, batches, "auto", device, callbacks)
-    if mode == "ort":
-        return _lightning(workload, model, batches, lightning_ort.ORTStrategy(**ort_options), device, callbacks)
+    if mode == "ort":  # mode="ort" named, whatever the strategy's default mode
+        strategy = lightning_ort.ORTStrategy(**{"mode": "ort", **ort_options})
+        return _lightning(workload, model, batches, strategy, device, callbacks)
     if mode == "ort_auto":  # mode="auto": ORT and eager timed on the first steps, the faster kept
         strategy = lightning_ort.ORTStrategy(**{**ort_options, "mode": "auto"})
         return _lightning(workload, model, batches, strategy, device, callbacks)

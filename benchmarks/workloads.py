@@ -17,11 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "gpt")
 
 from model import GPT  # noqa: E402
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[Any, torch.Tensor]  # (the model's input: a tensor, or a dict of keyword arguments; the target)
 
 
 class Unavailable(ImportError):
     """A workload's model comes from a library that does not import in this environment."""
+
+
+def call(model: Callable[..., Any], x: Any) -> Any:
+    """``model`` on a batch's input: a tensor positionally, a dict (Hugging Face style) as keyword arguments."""
+    return model(**x) if isinstance(x, dict) else model(x)
 
 
 @dataclass(frozen=True)
@@ -34,12 +39,10 @@ class Workload:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
-    def train_step(
-        self, model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer, batch: Batch
-    ) -> None:
+    def train_step(self, model: Callable[..., Any], optimizer: torch.optim.Optimizer, batch: Batch) -> None:
         """One optimizer step of ``model`` (eager or ORTModule) on ``batch``, as every mode takes it."""
         x, y = batch
-        self.loss(model(x), y).backward()
+        self.loss(call(model, x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
 
@@ -229,11 +232,87 @@ def _vision(name: str, library: str, build: Callable[[Any], nn.Module], batch: i
 
 
 def _library_workloads(batch: int, size: int) -> list[Workload]:
-    """torchvision's ResNet-18 and MobileNetV3-small, timm's ResNet-18d (#31's models)."""
+    """torchvision's ResNet-18, MobileNetV3-small, EfficientNet-B0 and ConvNeXt-Tiny, timm's ResNet-18d and
+    ViT-Tiny (#31's models), with their libraries' defaults (dropout, stochastic depth) but 10 classes."""
     return [
         _vision("resnet18", "torchvision.models", lambda m: m.resnet18(num_classes=10), batch, size),
         _vision("resnet18d", "timm", lambda m: m.create_model("resnet18d", num_classes=10), batch, size),
         _vision("mobilenetv3", "torchvision.models", lambda m: m.mobilenet_v3_small(num_classes=10), batch, size),
+        _vision("efficientnet_b0", "torchvision.models", lambda m: m.efficientnet_b0(num_classes=10), batch, size),
+        _vision("convnext_tiny", "torchvision.models", lambda m: m.convnext_tiny(num_classes=10), batch, size),
+        _vision(
+            "vit_tiny",
+            "timm",
+            lambda m: m.create_model("vit_tiny_patch16_224", img_size=size, patch_size=size // 8, num_classes=10),
+            batch,
+            size,
+        ),
+    ]
+
+
+def _hf_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
+    """The loss a Hugging Face model computed from the ``labels`` in its inputs."""
+    return output.loss
+
+
+def _padding_mask(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
+    """A tokenizer's attention mask for a padded batch: each sequence 1/4 to all of ``seq`` tokens long."""
+    lengths = torch.randint(seq // 4, seq + 1, (batch,), generator=g)
+    lengths[0] = seq  # the longest sequence sets the padded length
+    return (torch.arange(seq)[None, :] < lengths[:, None]).long()
+
+
+def _transformers(
+    name: str,
+    model_class: str,
+    config_class: str,
+    config: dict[str, Any],
+    make_batch: Callable[[torch.Generator], Batch],
+) -> Workload:
+    """A transformers model from a config (random weights, nothing downloaded), its loss computed inside."""
+
+    def build(module: Any) -> nn.Module:
+        return getattr(module, model_class)(getattr(module, config_class)(**config))
+
+    return Workload(
+        name,
+        _library_model("transformers", build),
+        make_batch,
+        _hf_loss,
+        lambda params: torch.optim.AdamW(params, lr=1e-4),
+    )
+
+
+def _hf_workloads(hidden: int, layers: int, heads: int, seq: int, batch: int, vocab: int) -> list[Workload]:
+    """A BERT classifier on a padded batch, a GPT-2 and a Llama causal LM (the Llama on a padded batch)."""
+
+    def classification(g: torch.Generator) -> Batch:
+        ids = torch.randint(3, vocab, (batch, seq), generator=g)
+        mask = _padding_mask(batch, seq, g)
+        labels = torch.randint(0, 2, (batch,), generator=g)
+        return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask, "labels": labels}, labels
+
+    def causal_lm(padded: bool) -> Callable[[torch.Generator], Batch]:
+        def make_batch(g: torch.Generator) -> Batch:
+            ids = torch.randint(3, vocab, (batch, seq), generator=g)
+            if not padded:
+                return {"input_ids": ids, "labels": ids}, ids
+            mask = _padding_mask(batch, seq, g)
+            labels = ids.masked_fill(mask == 0, -100)
+            return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask, "labels": labels}, labels
+
+        return make_batch
+
+    sizes = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads)
+    bert = dict(sizes, intermediate_size=4 * hidden, max_position_embeddings=max(seq, 16), num_labels=2)
+    gpt2 = dict(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max(seq, 16))
+    gpt2.update(bos_token_id=1, eos_token_id=2)  # GPT-2's own ids (50256) are outside this vocabulary
+    llama = dict(sizes, intermediate_size=(8 * hidden) // 3, num_key_value_heads=max(heads // 2, 1))
+    llama["max_position_embeddings"] = max(seq, 16)
+    return [
+        _transformers("bert", "BertForSequenceClassification", "BertConfig", bert, classification),
+        _transformers("gpt2", "GPT2LMHeadModel", "GPT2Config", gpt2, causal_lm(padded=False)),
+        _transformers("llama", "LlamaForCausalLM", "LlamaConfig", llama, causal_lm(padded=True)),
     ]
 
 
@@ -248,6 +327,7 @@ def workloads(size: str) -> dict[str, Workload]:
             _unet(2, 16, 4),
             _mlp(1),
             *_library_workloads(2, 32),
+            *_hf_workloads(32, 1, 2, 16, 2, 128),
         ]
     elif size == "full":
         items = [
@@ -258,6 +338,7 @@ def workloads(size: str) -> dict[str, Workload]:
             _unet(8, 64, 32),
             _mlp(4),
             *_library_workloads(4, 64),
+            *_hf_workloads(256, 4, 4, 128, 8, 8000),
         ]
     else:
         raise ValueError(f"size must be 'tiny' or 'full', not {size!r}")
