@@ -122,3 +122,44 @@ def test_a_branch_on_sizes_the_data_decides_falls_back_quoting_the_line() -> Non
     assert report.fallback_reason is not None
     assert "control flow on sizes at" in report.fallback_reason
     assert "(if h[ids > 10].shape[0] > 3:)" in report.fallback_reason, report.fallback_reason
+
+
+class _FollowedSizes(_Branching):
+    """Branches on sizes the guards follow through an in-place write (``_shift_right`` of T5 and BART), a
+    convolution (Swin's patch embedding) and a concatenation with an empty vector (a cache's first update)."""
+
+    def __init__(self, through: str) -> None:
+        super().__init__()
+        self.through = through
+        self.conv = torch.nn.Conv1d(8, 8, kernel_size=3, stride=2, padding=1)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        if self.through == "in-place":
+            shifted = ids.new_zeros(ids.shape)
+            shifted[:, 1:] = ids[:, :-1]
+            shifted.masked_fill_(shifted == 3, 0)
+            longer = shifted.shape[1] > 8
+        elif self.through == "convolution":
+            longer = self.conv(h.transpose(1, 2)).shape[-1] > 4  # ceil(length / 2)
+        else:
+            cached = torch.cat([torch.tensor([]), h], dim=-2)
+            longer = cached.shape[-2] > 8
+        if longer:
+            h = torch.tanh(h) * 2
+        return self.head(h)
+
+
+@pytest.mark.parametrize("through", ["in-place", "convolution", "concatenation"])
+def test_a_branch_on_sizes_followed_through_more_operators_is_a_guard(through: str) -> None:
+    eager, ort = fit_both(
+        lambda: _FollowedSizes(through),
+        lambda: _batches((6, 12), steps=4),
+        max_steps=4,
+        strategy=ORTStrategy(fullgraph=True),
+    )
+    (report,) = ort.reports
+    assert report.fallback_reason is None, report.fallback_reason
+    assert_ort_ran(ort, min_calls=4)
+    assert_losses_match(eager, ort)
+    assert report.size_exports == 3  # one per flip: 6, 12, 6, 12

@@ -151,6 +151,13 @@ def _constant(value: torch._C.Value) -> Any:
     return constant
 
 
+def _listed_constant(value: torch._C.Value) -> Any:
+    """A constant, or a list built of constants (``prim::ListConstruct``)."""
+    if value.node().kind() == "prim::ListConstruct":
+        return [_constant(element) for element in value.node().inputs()]
+    return _constant(value)
+
+
 class _Follower:
     """Builds expressions for the open trace's values, given the trace values of the inputs' tensors."""
 
@@ -260,7 +267,7 @@ class _Follower:
             if not operands:
                 raise _Unknown
             return self._broadcast(operands)
-        if kind in _SAME_SHAPE:
+        if kind in _SAME_SHAPE or _in_place(kind):
             return self.size(inputs[0], dim, depth)
         if kind == "aten::embedding":
             return self._known(value, dim) if dim == rank - 1 else self.size(inputs[1], dim, depth)
@@ -307,6 +314,8 @@ class _Follower:
             return self._matmul(first, second, dim, rank, depth)
         if kind == "aten::scaled_dot_product_attention":  # query's shape, with value's last dimension
             return self.size(inputs[2] if dim == rank - 1 else inputs[0], dim - rank, depth)
+        if kind in ("aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d"):
+            return self._convolution(kind, value, inputs, dim, depth)
         if kind in _REDUCTIONS and len(inputs) >= 3:
             return self._reduced(inputs, dim, rank, depth)
         if kind == "aten::gather":  # the index's shape
@@ -322,6 +331,8 @@ class _Follower:
         if kind == "aten::cat":
             parts = list(inputs[0].node().inputs()) if inputs[0].node().kind() == "prim::ListConstruct" else None
             position = _constant(inputs[1])
+            # torch.cat skips 1-D empty tensors of any other rank (a cache's torch.tensor([]) before its first update)
+            parts = [part for part in parts or [] if rank == 1 or not _empty_vector(part)]
             if not parts:
                 raise _Unknown
             position %= rank
@@ -329,6 +340,30 @@ class _Follower:
                 return self.size(parts[0], dim, depth)
             return self._node("sum", *(self.size(part, dim, depth) for part in parts))
         raise _Unknown(kind)
+
+    def _convolution(self, kind: str, value: torch._C.Value, inputs: list[torch._C.Value], dim: int, depth: int) -> int:
+        """A dimension of a (not transposed) convolution: the batch's, the weight's channels, each spatial size from
+        the input's by the kernel, stride, padding and dilation (constants)."""
+        stride, padding, dilation = (_listed_constant(operand) for operand in inputs[3:6])
+        if not isinstance(stride, (list, tuple)) or inputs[0].type().dim() != len(stride) + 2 or dim >= len(stride) + 2:
+            raise _Unknown("an unbatched convolution")
+        if dim == 0:
+            return self.size(inputs[0], 0, depth)
+        if dim == 1:
+            return self._known(value, 1)
+        if kind == "aten::_convolution" and _constant(inputs[6]):  # transposed
+            raise _Unknown("a transposed convolution")
+        if not all(isinstance(listed, (list, tuple)) for listed in (stride, padding, dilation)):
+            raise _Unknown("a convolution with padding='same' or sizes it cannot read")
+        kernel = inputs[1].type().sizes()
+        if kernel is None or kernel[dim] is None:
+            raise _Unknown("a convolution with a kernel of unknown size")
+        axis = dim - 2
+        size = self.size(inputs[0], dim, depth)
+        return self._node(
+            "conv", size, self._const(kernel[dim]), self._const(stride[axis]), self._const(padding[axis]),
+            self._const(dilation[axis]),
+        )  # fmt: skip
 
     def _reduced(self, inputs: list[torch._C.Value], dim: int, rank: int, depth: int) -> int:
         """A dimension of ``mean``/``sum``/``amax``/``amin`` over constant dimensions, kept (as 1) or dropped."""
@@ -424,6 +459,30 @@ class _Follower:
         return self._const(sizes[dim])
 
 
+def _empty_vector(value: torch._C.Value) -> bool:
+    """Whether ``value`` is a 1-D tensor of size 0 (``torch.tensor([])``)."""
+    value_type = value.type()
+    try:
+        return isinstance(value_type, torch._C.TensorType) and value_type.sizes() == [0]
+    except RuntimeError:  # sizes not known
+        return False
+
+
+# In-place operators that change their input's shape
+_RESHAPING_IN_PLACE = frozenset(
+    f"aten::{name}_"
+    for name in ("resize", "resize_as", "set", "squeeze", "unsqueeze", "t", "transpose", "swapdims", "swapaxes",
+                 "as_strided", "unfold")
+)  # fmt: skip
+
+
+def _in_place(kind: str) -> bool:
+    """An in-place operator (``aten::masked_fill_``, ``aten::copy_``) that returns its first input, shape and all."""
+    return (
+        kind.startswith("aten::") and kind.endswith("_") and not kind.endswith("__") and kind not in _RESHAPING_IN_PLACE
+    )
+
+
 def evaluate(nodes: list[Node], size: Callable[[str, int, int], int]) -> list[Any]:
     """The value of each of the program's ``nodes``, with ``size(argument, leaf, dim)`` giving the inputs' sizes."""
     values: list[Any] = []
@@ -463,6 +522,9 @@ def _apply(kind: str, values: list[Any]) -> Any:
         whole, chunks, index = values
         size = -(-whole // chunks)
         return max(0, min(size, whole - index * size))
+    if kind == "conv":
+        size, kernel, stride, padding, dilation = values
+        return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
     if kind == "expand":
         wanted, source = values
         return source if wanted == -1 else wanted
