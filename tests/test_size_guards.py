@@ -163,3 +163,78 @@ def test_a_branch_on_sizes_followed_through_more_operators_is_a_guard(through: s
     assert_ort_ran(ort, min_calls=4)
     assert_losses_match(eager, ort)
     assert report.size_exports == 3  # one per flip: 6, 12, 6, 12
+
+
+class _BranchOnMask(_Branching):
+    """A branch on the values of an input (``mask.all()``, or the sum against the count of ``fast_all``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        full = mask.bool().all() if self.how == "all" else mask.sum() == mask.numel()
+        if full:
+            h = torch.tanh(h) * 2
+        else:
+            h = h * mask.unsqueeze(-1)
+        return self.head(h)
+
+
+def _masked_batches(full: tuple[bool, ...]) -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    data = []
+    for step_full in full:
+        ids = torch.randint(0, _VOCAB, (2, 6), generator=generator)
+        mask = torch.ones(2, 6, dtype=torch.long)
+        if not step_full:
+            mask[1, 4:] = 0
+        data.append((ids, mask))
+    return DataLoader(data, batch_size=None)
+
+
+@pytest.mark.parametrize("how", ["all", "sum"])
+def test_a_branch_on_input_values_is_a_guard_that_exports_again_when_it_flips(how: str) -> None:
+    """All-ones masks, then padded, then all-ones: each flip a new export, losses equal eager's at every step."""
+    full = (True, True, False, False, True, False)
+    eager, ort = fit_both(
+        lambda: _BranchOnMask(how),
+        lambda: _masked_batches(full),
+        max_steps=len(full),
+        strategy=ORTStrategy(fullgraph=True),
+    )
+    (report,) = ort.reports
+    assert report.fallback_reason is None, report.fallback_reason
+    assert_ort_ran(ort, min_calls=len(full))
+    assert report.torch_calls == 0
+    assert_losses_match(eager, ort)
+    assert report.size_exports == 3  # one per flip
+
+
+class _BranchOnWeights(_Branching):
+    """A branch on a value computed from a parameter, or from the data through a parameter: not a guard."""
+
+    def __init__(self, through: str) -> None:
+        super().__init__()
+        self.through = through
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        value = self.head.weight.sum() if self.through == "parameter" else h.sum()
+        if value > 0:
+            h = h * 2
+        return self.head(h)
+
+
+@pytest.mark.parametrize("through", ["parameter", "data"])
+def test_a_branch_on_values_that_are_not_the_inputs_alone_still_falls_back(through: str) -> None:
+    _, ort = fit_both(
+        lambda: _BranchOnWeights(through),
+        lambda: _masked_batches((True, True)),
+        max_steps=2,
+        strategy=ORTStrategy(fullgraph=True),
+    )
+    (report,) = ort.reports
+    assert report.fallback_reason is not None
+    assert "depend on tensor data" in report.fallback_reason, report.fallback_reason

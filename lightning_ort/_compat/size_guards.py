@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
+from lightning_ort._compat import value_guards
 from lightning_ort._compat.tracing_state import untraced, warned_at_caller
 from lightning_ort._compat.value_traces import value_trace
 
@@ -483,14 +484,24 @@ def _in_place(kind: str) -> bool:
     )
 
 
-def evaluate(nodes: list[Node], size: Callable[[str, int, int], int]) -> list[Any]:
-    """The value of each of the program's ``nodes``, with ``size(argument, leaf, dim)`` giving the inputs' sizes."""
+def evaluate(
+    nodes: list[Node], size: Callable[[str, int, int], int], leaf: Callable[[str, int], Any] | None = None
+) -> list[Any]:
+    """The value of each of the program's ``nodes``, with ``size(argument, leaf, dim)`` giving the inputs' sizes
+    and ``leaf(argument, leaf)`` the inputs themselves (for branches on their values, ``value_guards.py``)."""
     values: list[Any] = []
     for kind, *operands in nodes:
         if kind == "const":
             values.append(operands[0])
         elif kind == "size":
             values.append(size(*operands))
+        elif kind == "input":
+            if leaf is None:
+                raise LookupError("the inputs' values are needed")
+            values.append(leaf(*operands))
+        elif kind in _VALUE_NODES:
+            metadata = _VALUE_NODES[kind]
+            values.append(value_guards.apply(kind, operands[:metadata], [values[o] for o in operands[metadata:]]))
         else:
             values.append(_apply(kind, [values[operand] for operand in operands]))
     return values
@@ -534,6 +545,15 @@ def _apply(kind: str, values: list[Any]) -> Any:
     raise ValueError(f"unknown size operator {kind}")
 
 
+# Nodes of value_guards.py, with the number of their operands that are not positions of other nodes
+_VALUE_NODES = {"aten": 3, "list": 0}
+_LEAVES = ("const", "size", "input")
+
+
+def _operand_positions(kind: str, operands: list[Any]) -> list[Any]:
+    return [] if kind in _LEAVES else operands[_VALUE_NODES.get(kind, 0) :]
+
+
 def _program(nodes: list[Node], decisions: list[SizeDecision]) -> tuple[list[Node], list[SizeDecision]]:
     """The nodes the decisions read, renumbered in order, and the decisions pointing into them."""
     needed: set[int] = set()
@@ -543,14 +563,17 @@ def _program(nodes: list[Node], decisions: list[SizeDecision]) -> tuple[list[Nod
         if position not in needed:
             needed.add(position)
             kind, *operands = nodes[position]
-            if kind not in ("const", "size"):
-                pending.extend(operands)
+            pending.extend(_operand_positions(kind, operands))
     order = sorted(needed)
     renumbered = {old: new for new, old in enumerate(order)}
     program = []
     for old in order:
         kind, *operands = nodes[old]
-        program.append(nodes[old] if kind in ("const", "size") else (kind, *(renumbered[o] for o in operands)))
+        metadata = 0 if kind in _LEAVES else _VALUE_NODES.get(kind, 0)
+        if kind in _LEAVES:
+            program.append(nodes[old])
+        else:
+            program.append((kind, *operands[:metadata], *(renumbered[o] for o in operands[metadata:])))
     return program, [SizeDecision(renumbered[d.expression], d.answer, d.location) for d in decisions]
 
 
@@ -598,7 +621,7 @@ def recorded_decisions(adapter: torch.nn.Module, locate: Callable[[], str | None
             expression = follower.number(value) if value is not None else None
         except (_Unknown, RecursionError, RuntimeError, TypeError, AttributeError, IndexError, KeyError) as error:
             log.debug("lightning_ort: a branch at %s reads what the size guards do not follow: %r", locate(), error)
-            expression = None
+            expression = _on_input_values(follower, value, locate)
         if expression is None or not _reads_a_size(follower.nodes, expression):
             # a branch on data, or on sizes it cannot follow: torch warns (at the caller's line), the export refuses
             return warned_at_caller(original, self)
@@ -618,15 +641,27 @@ def recorded_decisions(adapter: torch.nn.Module, locate: Callable[[], str | None
         handle.remove()
 
 
+def _on_input_values(follower: _Follower, value: torch._C.Value | None, locate: Callable[[], str | None]) -> int | None:
+    """The node computing a branch's value from the inputs' values and sizes, or None (value_guards.py)."""
+    if value is None:
+        return None
+    try:
+        return value_guards.follow(follower, value)
+    except (value_guards.NotAnInputValue, _Unknown, RecursionError, RuntimeError, TypeError, AttributeError,
+            IndexError, KeyError, ValueError) as error:  # fmt: skip
+        log.debug("lightning_ort: a branch at %s reads what the value guards do not follow: %r", locate(), error)
+        return None
+
+
 def _caller() -> str:
     frame = sys._getframe(2)
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def _reads_a_size(nodes: list[Node], position: int) -> bool:
-    """Whether the node reads an input's size (else it is a constant, which needs no guard)."""
+    """Whether the node reads an input's size or value (else it is a constant, which needs no guard)."""
     program, _ = _program(nodes, [SizeDecision(position, None, "")])
-    return any(node[0] == "size" for node in program)
+    return any(node[0] in ("size", "input") for node in program)
 
 
 def keep_decisions(adapter: torch.nn.Module, recording: _Recording, traced: bool) -> None:
@@ -674,18 +709,32 @@ def changed_decision(
             raise LookupError(f"input {name} is not the tensor the export saw")
         return leaf.shape[dim]
 
+    def leaf(name: str, index: int) -> torch.Tensor:
+        found = leaves.get((name, index))
+        if not isinstance(found, torch.Tensor):
+            raise LookupError(f"input {name} is not the tensor the export saw")
+        return found.detach()
+
     try:
-        values = evaluate(nodes, size)
-    except (LookupError, ArithmeticError, TypeError, ValueError) as error:
+        with torch.no_grad():
+            values = evaluate(nodes, size, leaf)
+            answers = [_answer(values[decision.expression]) for decision in decisions]
+    except (LookupError, ArithmeticError, TypeError, ValueError, RuntimeError) as error:
         return f"the branches on sizes at {decisions[0].location} cannot be checked for this call ({error})"
-    for decision in decisions:
-        answer = values[decision.expression]
+    for decision, answer in zip(decisions, answers, strict=True):
         if answer != decision.answer:
+            program, _ = _program(nodes, [decision])
+            what = "values" if any(node[0] == "input" for node in program) else "sizes"
             return (
-                f"a branch on sizes at {decision.location} goes the other way for this call's input sizes "
+                f"a branch on {what} at {decision.location} goes the other way for this call's input {what} "
                 f"({decision.answer} at the export, {answer} now)"
             )
     return None
+
+
+def _answer(value: Any) -> Any:
+    """A branch's value as the export's decision holds it: a tensor (of a branch on values) as a bool."""
+    return bool(value) if isinstance(value, torch.Tensor) else value
 
 
 def forget_graph(adapter: torch.nn.Module, graph: bool) -> None:

@@ -330,8 +330,9 @@ def _blocks(
     )
 
 
-# The outcome of each row: tighten a row when lightning_ort runs more of its model. Mistral, T5, BART and
-# Swin run their whole forward in ORT after graph breaks (their reasons are in the reports).
+# The outcome of each row: tighten a row when lightning_ort runs more of its model. Every row but Mistral runs
+# its whole forward as one ORT graph; Mistral's forward trains through graph breaks (ORT's gradient builder
+# refuses its graph, whose outputs include a constant: the sliding-window cache's window tensor).
 HF_MODELS: list[ZooModel] = [
     _row("gpt2", gpt2, causal_lm_batch, Expect("all")),
     _row("bert-classifier", bert_classifier, classification_batch, Expect("all")),
@@ -341,7 +342,7 @@ HF_MODELS: list[ZooModel] = [
     _row("electra", electra, classification_batch, Expect("all")),
     _row("albert-mlm", albert, masked_lm_batch, Expect("all")),
     _row("llama", llama, causal_lm_batch, Expect("all")),
-    _row("mistral", mistral, causal_lm_batch, Expect("all")),
+    _row("mistral", mistral, causal_lm_batch, Expect("all", graph_breaks=True)),
     _row("qwen2", qwen2, causal_lm_batch, Expect("all")),
     _row("gemma", gemma, causal_lm_batch, Expect("all")),
     _row("phi", phi, causal_lm_batch, Expect("all")),
