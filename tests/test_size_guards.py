@@ -238,3 +238,26 @@ def test_a_branch_on_values_that_are_not_the_inputs_alone_still_falls_back(throu
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "depend on tensor data" in report.fallback_reason, report.fallback_reason
+
+
+@pytest.mark.parametrize("on", ["values", "sizes"])
+def test_a_guard_is_kept_with_a_cached_export_and_picks_the_cached_graph_that_fits(
+    on: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With export_cache=True, the export after a flip must not reuse the cached graph of the other branch (the
+    cache's key holds no sizes or values: it used to, and trained the padded batch on the all-ones graph), and a
+    second run reusing the cached graphs still checks the branch."""
+    from lightning_ort._compat import export_cache
+
+    monkeypatch.setattr(export_cache, "cache_root", lambda: tmp_path)
+    if on == "values":
+        make, loader = (lambda: _BranchOnMask("sum")), (lambda: _masked_batches((True, False, True)))
+    else:
+        make, loader = _Branching, (lambda: _batches((6, 12), steps=3))
+    for _ in range(2):
+        eager, ort = fit_both(make, loader, max_steps=3, strategy=ORTStrategy(fullgraph=True, export_cache=True))
+        (report,) = ort.reports
+        assert report.fallback_reason is None and report.torch_calls == 0, report
+        assert_losses_match(eager, ort)
+        assert report.size_exports == 2
+    assert any(tmp_path.rglob("*.onnx")), "nothing was cached"

@@ -111,6 +111,8 @@ class SizeGuards:
     calling: bool = True
     # those of a cached export (export_cache.py), which runs no trace: taken over when it is reused
     restored: tuple[list[Node], list[SizeDecision]] = ([], [])
+    # the arguments of the call being made (the export it may start reuses a cached graph only if they fit it)
+    arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
 
 def guards_of(adapter: torch.nn.Module) -> SizeGuards:
@@ -670,6 +672,7 @@ def keep_decisions(adapter: torch.nn.Module, recording: _Recording, traced: bool
     guards = guards_of(adapter)
     found = _program(recording.follower.nodes, recording.decisions) if traced else guards.restored
     guards.graphs[guards.calling] = found
+    guards.arguments = None
 
 
 def to_record(adapter: torch.nn.Module) -> dict[str, Any]:
@@ -682,11 +685,20 @@ def to_record(adapter: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def from_record(adapter: torch.nn.Module, record: dict[str, Any]) -> None:
-    """Take over the decisions kept with a cached export (:func:`to_record`)."""
+def from_record(adapter: torch.nn.Module, record: dict[str, Any]) -> str | None:
+    """Take over the decisions kept with a cached export (:func:`to_record`); why they cannot be (a decision
+    the call being made answers otherwise: the cached graph took another branch), or None."""
     nodes = [tuple(node) for node in record["nodes"]]
     decisions = [SizeDecision(position, answer, location) for position, answer, location in record["decisions"]]
-    guards_of(adapter).restored = (nodes, decisions)
+    guards = guards_of(adapter)
+    if decisions:
+        if guards.arguments is None:
+            return "its branches on sizes or values cannot be checked for this call"
+        problem = _first_changed(adapter, nodes, decisions, *guards.arguments)
+        if problem is not None:
+            return problem
+    guards.restored = (nodes, decisions)
+    return None
 
 
 def changed_decision(
@@ -697,9 +709,19 @@ def changed_decision(
     None when all hold (or the graph holds none)."""
     guards = guards_of(adapter)
     guards.calling = graph
+    guards.arguments = (args, kwargs)
     nodes, decisions = guards.graphs.get(graph, ([], []))
-    if not decisions:
-        return None
+    return _first_changed(adapter, nodes, decisions, args, kwargs) if decisions else None
+
+
+def _first_changed(
+    adapter: torch.nn.Module,
+    nodes: list[Node],
+    decisions: list[SizeDecision],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> str | None:
+    """The first of ``decisions`` the call with ``args`` and ``kwargs`` answers otherwise, said in words."""
     arguments = _bound(adapter, args, kwargs)
     leaves = {} if arguments is None else {(name, index): leaf for name, index, leaf in _leaves(arguments)}
 
