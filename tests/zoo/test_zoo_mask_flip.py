@@ -20,7 +20,13 @@ from zoo_harness import ZooModel, check, run_model
 
 # all-ones masks at these steps, padded ones at the others
 _ALL_ONES = (0, 1, 4)
-_ROWS = ("transformers/t5", "transformers/bart", "transformers/llama", "transformers/bert-classifier")
+_ROWS = (
+    "transformers/t5",
+    "transformers/bart",
+    "transformers/llama",
+    "transformers/mistral",
+    "transformers/bert-classifier",
+)
 
 
 def _flipping(batch: Callable[[torch.Generator], dict[str, Any]]) -> Callable[[torch.Generator], dict[str, Any]]:
