@@ -624,6 +624,8 @@ def recorded_decisions(adapter: torch.nn.Module, locate: Callable[[], str | None
         except (_Unknown, RecursionError, RuntimeError, TypeError, AttributeError, IndexError, KeyError) as error:
             log.debug("lightning_ort: a branch at %s reads what the size guards do not follow: %r", locate(), error)
             expression = _on_input_values(follower, value, locate)
+            if expression is not None and not _reads_tensors_only(adapter, follower.nodes, expression):
+                expression = None  # a Python number argument (fed as a tensor by ORT): refused, naming it
         if expression is None or not _reads_a_size(follower.nodes, expression):
             # a branch on data, or on sizes it cannot follow: torch warns (at the caller's line), the export refuses
             return warned_at_caller(original, self)
@@ -653,6 +655,19 @@ def _on_input_values(follower: _Follower, value: torch._C.Value | None, locate: 
             IndexError, KeyError, ValueError) as error:  # fmt: skip
         log.debug("lightning_ort: a branch at %s reads what the value guards do not follow: %r", locate(), error)
         return None
+
+
+def _reads_tensors_only(adapter: torch.nn.Module, nodes: list[Node], position: int) -> bool:
+    """Whether every input whose value the node reads is a tensor in the call being made (a Python number
+    argument the graph gets as a tensor has its own refusal, which names it and the fix)."""
+    arguments = guards_of(adapter).arguments
+    bound = _bound(adapter, *arguments) if arguments is not None else None
+    if bound is None:
+        return False
+    leaves = {(name, index): leaf for name, index, leaf in _leaves(bound)}
+    program, _ = _program(nodes, [SizeDecision(position, None, "")])
+    read = [node[1:3] for node in program if node[0] == "input"]
+    return all(isinstance(leaves.get(tuple(where)), torch.Tensor) for where in read)
 
 
 def _caller() -> str:
