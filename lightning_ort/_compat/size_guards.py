@@ -11,8 +11,10 @@ and ORT exports the module again (``guard.py``), the new export recording its ow
 
 A decision is kept as a guard only when every size it reads can be followed back through the trace
 to a dimension of an input (or to a constant: a parameter's shape, a number in a ``view``) by the
-operators :func:`_size` knows; anything else (a size after a data-dependent operator such as
-``nonzero``, a branch on values) stays refused by the export's checks with the line that branched.
+operators :func:`_size` knows; a branch on values computed from the inputs alone (``mask.all()``) is
+kept the same way, its computation followed by ``value_guards.py``; anything else (a size after a
+data-dependent operator such as ``nonzero``, a value read through a parameter) stays refused by the
+export's checks with the line that branched.
 
 Over 300 lines because the shape rules of the operators it follows (:func:`_size`) belong with the
 recording and the check that use them; the op registry of issue #30 is where they would move.
