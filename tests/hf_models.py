@@ -1,5 +1,10 @@
-"""Tiny Hugging Face transformers models built from configs (random weights, nothing downloaded), in a
-LightningModule that trains them with the loss the model computes from ``labels``."""
+"""The tests' one table of tiny Hugging Face transformers models, built from configs (random weights, nothing
+downloaded, dropout off): the zoo (``tests/zoo/hf_zoo_models.py``) trains them as a user would, the HF tests
+(``test_hf_blocks.py``, ``test_hf_outputs.py``) their blocks and outputs through :class:`HFModule`.
+
+Sizes: 2 layers, width 32, sequences of 16 tokens (the zoo's batches; :func:`hf_loader`'s are 12 long), batches
+of 4, 32x32 images. Every model keeps transformers' default attention (``sdpa``).
+"""
 
 from __future__ import annotations
 
@@ -10,193 +15,267 @@ from typing import Any
 import lightning as L
 import torch
 import transformers
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-VOCAB = 64
-_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+VOCAB = 96
+SEQ = 16
+BATCH = 4
+WIDTH = 32
+LAYERS = 2
+HEADS = 2
+IMAGE = 32
+CLASSES = 3
+
+
+def _model(class_name: str, config_name: str, **config: Any) -> nn.Module:
+    return getattr(transformers, class_name)(getattr(transformers, config_name)(**config))
+
+
+def _bert(**extra: Any) -> dict[str, Any]:
+    """BERT-family sizes with dropout off."""
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=2 * WIDTH,
+        max_position_embeddings=SEQ + 4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=CLASSES,
+        **extra,
+    )
+
+
+def _decoder(**extra: Any) -> dict[str, Any]:
+    """Llama-family sizes (grouped-query attention: 4 query heads, 2 key/value heads)."""
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=2 * WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2 * SEQ,
+        **extra,
+    )
+
+
+def gpt2() -> nn.Module:
+    return _model(
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        vocab_size=VOCAB,
+        n_positions=2 * SEQ,
+        n_embd=WIDTH,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+
+
+def bert_classifier() -> nn.Module:
+    return _model("BertForSequenceClassification", "BertConfig", **_bert())
+
+
+def bert_mlm() -> nn.Module:
+    return _model("BertForMaskedLM", "BertConfig", **_bert())
+
+
+def distilbert() -> nn.Module:
+    return _model(
+        "DistilBertForSequenceClassification",
+        "DistilBertConfig",
+        vocab_size=VOCAB,
+        dim=WIDTH,
+        n_layers=LAYERS,
+        n_heads=HEADS,
+        hidden_dim=2 * WIDTH,
+        max_position_embeddings=SEQ,
+        dropout=0.0,
+        attention_dropout=0.0,
+        seq_classif_dropout=0.0,
+        num_labels=CLASSES,
+    )
+
+
+def roberta_mlm() -> nn.Module:
+    return _model("RobertaForMaskedLM", "RobertaConfig", **_bert(pad_token_id=1))
+
+
+def electra() -> nn.Module:
+    return _model("ElectraForSequenceClassification", "ElectraConfig", **_bert(embedding_size=WIDTH))
+
+
+def albert() -> nn.Module:
+    return _model("AlbertForMaskedLM", "AlbertConfig", **_bert(embedding_size=16, classifier_dropout_prob=0.0))
+
+
+def llama() -> nn.Module:
+    return _model("LlamaForCausalLM", "LlamaConfig", **_decoder())
+
+
+def mistral() -> nn.Module:
+    return _model("MistralForCausalLM", "MistralConfig", **_decoder())
+
+
+def qwen2() -> nn.Module:
+    return _model("Qwen2ForCausalLM", "Qwen2Config", **_decoder())
+
+
+def gemma() -> nn.Module:
+    return _model("GemmaForCausalLM", "GemmaConfig", **_decoder(head_dim=8))
+
+
+def phi() -> nn.Module:
+    return _model(
+        "PhiForCausalLM",
+        "PhiConfig",
+        **{**_decoder(resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0), "num_key_value_heads": 4},
+    )
+
+
+def gpt_neox() -> nn.Module:
+    return _model(
+        "GPTNeoXForCausalLM",
+        "GPTNeoXConfig",
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=2 * WIDTH,
+        max_position_embeddings=2 * SEQ,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+
+
+def opt() -> nn.Module:
+    return _model(
+        "OPTForCausalLM",
+        "OPTConfig",
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        ffn_dim=2 * WIDTH,
+        word_embed_proj_dim=WIDTH,
+        max_position_embeddings=2 * SEQ,
+        dropout=0.0,
+        attention_dropout=0.0,
+    )
+
+
+def t5() -> nn.Module:
+    return _model(
+        "T5ForConditionalGeneration",
+        "T5Config",
+        vocab_size=VOCAB,
+        d_model=WIDTH,
+        d_kv=WIDTH // HEADS,
+        d_ff=2 * WIDTH,
+        num_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        num_heads=HEADS,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        decoder_start_token_id=0,
+    )
+
+
+def bart() -> nn.Module:
+    return _model(
+        "BartForConditionalGeneration",
+        "BartConfig",
+        vocab_size=VOCAB,
+        d_model=WIDTH,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS,
+        encoder_ffn_dim=2 * WIDTH,
+        decoder_ffn_dim=2 * WIDTH,
+        max_position_embeddings=2 * SEQ,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+    )
+
+
+def vit() -> nn.Module:
+    return _model(
+        "ViTForImageClassification",
+        "ViTConfig",
+        image_size=IMAGE,
+        patch_size=8,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=2 * WIDTH,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=CLASSES,
+    )
+
+
+def swin() -> nn.Module:
+    return _model(
+        "SwinForImageClassification",
+        "SwinConfig",
+        image_size=IMAGE,
+        patch_size=2,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+        num_labels=CLASSES,
+    )
+
+
+def roberta_classifier() -> nn.Module:
+    return _model("RobertaForSequenceClassification", "RobertaConfig", **_bert(pad_token_id=1))
 
 
 @dataclass(frozen=True)
 class HFCase:
-    """How to build one model, which of its submodules are its blocks, and what its batches hold."""
+    """How to build one model, which of its submodules are its blocks (none: not trained by blocks in the HF tests),
+    and what :class:`HFModule`'s batches hold for it."""
 
-    build: Callable[[str], torch.nn.Module]
+    build: Callable[[], nn.Module]
     blocks: tuple[str, ...]
-    task: str  # "lm" (causal LM), "cls" (sequence classification), "s2s" (encoder-decoder), "img"
-
-
-def _config(name: str, attn: str, **kwargs: Any) -> Any:
-    return getattr(transformers, name)(attn_implementation=attn, **kwargs)
+    task: str  # "lm" (causal LM), "cls" (sequence classification), "s2s" (encoder-decoder), "img", "mlm"
 
 
 CASES: dict[str, HFCase] = {
-    "gpt2": HFCase(
-        lambda attn: transformers.GPT2LMHeadModel(
-            _config(
-                "GPT2Config",
-                attn,
-                vocab_size=VOCAB,
-                n_positions=32,
-                n_embd=32,
-                n_layer=2,
-                n_head=4,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-            )
-        ),
-        ("transformer.h",),
-        "lm",
-    ),
-    "bert": HFCase(
-        lambda attn: transformers.BertForSequenceClassification(
-            _config(
-                "BertConfig", attn, vocab_size=VOCAB, max_position_embeddings=32, num_labels=3, **_SMALL, **_NO_DROPOUT
-            )
-        ),
-        ("bert.encoder.layer",),
-        "cls",
-    ),
-    "roberta": HFCase(
-        lambda attn: transformers.RobertaForSequenceClassification(
-            _config(
-                "RobertaConfig",
-                attn,
-                vocab_size=VOCAB,
-                max_position_embeddings=40,
-                num_labels=3,
-                **_SMALL,
-                **_NO_DROPOUT,
-            )
-        ),
-        ("roberta.encoder.layer",),
-        "cls",
-    ),
-    "distilbert": HFCase(
-        lambda attn: transformers.DistilBertForSequenceClassification(
-            _config(
-                "DistilBertConfig",
-                attn,
-                vocab_size=VOCAB,
-                dim=32,
-                n_layers=2,
-                n_heads=4,
-                hidden_dim=64,
-                max_position_embeddings=32,
-                dropout=0.0,
-                attention_dropout=0.0,
-                seq_classif_dropout=0.0,
-                num_labels=3,
-            )
-        ),
-        ("distilbert.transformer.layer",),
-        "cls",
-    ),
-    "llama": HFCase(
-        lambda attn: transformers.LlamaForCausalLM(
-            _config("LlamaConfig", attn, vocab_size=VOCAB, num_key_value_heads=2, max_position_embeddings=32, **_SMALL)
-        ),
-        ("model.layers",),
-        "lm",
-    ),
-    "mistral": HFCase(
-        lambda attn: transformers.MistralForCausalLM(
-            _config(
-                "MistralConfig", attn, vocab_size=VOCAB, num_key_value_heads=2, max_position_embeddings=32, **_SMALL
-            )
-        ),
-        ("model.layers",),
-        "lm",
-    ),
-    "qwen2": HFCase(
-        lambda attn: transformers.Qwen2ForCausalLM(
-            _config("Qwen2Config", attn, vocab_size=VOCAB, num_key_value_heads=2, max_position_embeddings=32, **_SMALL)
-        ),
-        ("model.layers",),
-        "lm",
-    ),
-    "gpt_neox": HFCase(
-        lambda attn: transformers.GPTNeoXForCausalLM(
-            _config(
-                "GPTNeoXConfig",
-                attn,
-                vocab_size=VOCAB,
-                max_position_embeddings=32,
-                hidden_dropout=0.0,
-                attention_dropout=0.0,
-                **_SMALL,
-            )
-        ),
-        ("gpt_neox.layers",),
-        "lm",
-    ),
-    "opt": HFCase(
-        lambda attn: transformers.OPTForCausalLM(
-            _config(
-                "OPTConfig",
-                attn,
-                vocab_size=VOCAB,
-                hidden_size=32,
-                ffn_dim=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                max_position_embeddings=32,
-                word_embed_proj_dim=32,
-                dropout=0.0,
-                attention_dropout=0.0,
-            )
-        ),
-        ("model.decoder.layers",),
-        "lm",
-    ),
-    "t5": HFCase(
-        lambda attn: transformers.T5ForConditionalGeneration(
-            _config(
-                "T5Config",
-                attn,
-                vocab_size=VOCAB,
-                d_model=32,
-                d_kv=8,
-                d_ff=64,
-                num_layers=2,
-                num_heads=4,
-                dropout_rate=0.0,
-                decoder_start_token_id=0,
-            )
-        ),
-        ("encoder.block", "decoder.block"),
-        "s2s",
-    ),
-    "bart": HFCase(
-        lambda attn: transformers.BartForConditionalGeneration(
-            _config(
-                "BartConfig",
-                attn,
-                vocab_size=VOCAB,
-                d_model=32,
-                encoder_layers=2,
-                decoder_layers=2,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=64,
-                decoder_ffn_dim=64,
-                max_position_embeddings=32,
-                dropout=0.0,
-                attention_dropout=0.0,
-                activation_dropout=0.0,
-            )
-        ),
-        ("model.encoder.layers", "model.decoder.layers"),
-        "s2s",
-    ),
-    "vit": HFCase(
-        lambda attn: transformers.ViTForImageClassification(
-            _config("ViTConfig", attn, image_size=16, patch_size=4, num_labels=3, **_SMALL, **_NO_DROPOUT)
-        ),
-        ("vit.layers",),
-        "img",
-    ),
+    "gpt2": HFCase(gpt2, ("transformer.h",), "lm"),
+    "bert": HFCase(bert_classifier, ("bert.encoder.layer",), "cls"),
+    "bert-mlm": HFCase(bert_mlm, (), "mlm"),
+    "distilbert": HFCase(distilbert, ("distilbert.transformer.layer",), "cls"),
+    "roberta": HFCase(roberta_classifier, ("roberta.encoder.layer",), "cls"),
+    "roberta-mlm": HFCase(roberta_mlm, (), "mlm"),
+    "electra": HFCase(electra, (), "cls"),
+    "albert-mlm": HFCase(albert, (), "mlm"),
+    "llama": HFCase(llama, ("model.layers",), "lm"),
+    "mistral": HFCase(mistral, ("model.layers",), "lm"),
+    "qwen2": HFCase(qwen2, ("model.layers",), "lm"),
+    "gemma": HFCase(gemma, (), "lm"),
+    "phi": HFCase(phi, (), "lm"),
+    "gpt_neox": HFCase(gpt_neox, ("gpt_neox.layers",), "lm"),
+    "opt": HFCase(opt, ("model.decoder.layers",), "lm"),
+    "t5": HFCase(t5, ("encoder.block", "decoder.block"), "s2s"),
+    "bart": HFCase(bart, ("model.encoder.layers", "model.decoder.layers"), "s2s"),
+    "vit": HFCase(vit, ("vit.layers",), "img"),
+    "swin": HFCase(swin, (), "img"),
 }
 
 
@@ -234,7 +313,7 @@ class HFModule(L.LightningModule):
 def hf_loader(task: str, length: int = 12) -> DataLoader:
     generator = torch.Generator().manual_seed(1)
     if task == "img":
-        x = torch.randn(12, 3, 16, 16, generator=generator)
+        x = torch.randn(12, 3, IMAGE, IMAGE, generator=generator)
         y = torch.randint(0, 3, (12,), generator=generator)
     else:
         x = torch.randint(0, VOCAB, (12, length), generator=generator)

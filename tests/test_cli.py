@@ -181,9 +181,10 @@ class Tiny(L.LightningModule):
         self.layer = nn.Linear(4, 2)
 
     def forward(self, x):
-        if x.sum() > 0:  # data-dependent control flow: ORT cannot export it, so fallback=raise stops the run
-            x = -x
-        return self.layer(x)
+        h = self.layer(x)
+        if h.sum() > 0:  # control flow on computed data: ORT cannot export it, so fallback=raise stops the run
+            h = -h
+        return h
 
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -36,7 +36,7 @@ def test_blocks_given_the_models_cache(name: str) -> None:
     case = CASES[name]
     strategy = lightning_ort.ORTStrategy(modules=[f"net.{blocks}" for blocks in case.blocks], fallback="raise")
     eager, ort = fit_both(
-        lambda: HFModule(case.build("sdpa"), case.task), lambda: hf_loader(case.task), max_steps=3, strategy=strategy
+        lambda: HFModule(case.build(), case.task), lambda: hf_loader(case.task), max_steps=3, strategy=strategy
     )
     assert_ort_ran(ort, min_calls=3 * 2 * len(case.blocks))
     assert_losses_match(eager, ort)
@@ -49,7 +49,7 @@ class LlamaWithoutMasks(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = CASES["llama"].build("sdpa")
+        self.net = CASES["llama"].build()
         self.caches: list[Any] = []
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
@@ -129,7 +129,7 @@ def test_cache_object_round_trip() -> None:
     from lightning_ort import cache_io
     from lightning_ort.dataclass_io import from_mappings, to_mappings
 
-    cache = transformers.DynamicCache(config=CASES["llama"].build("sdpa").config)
+    cache = transformers.DynamicCache(config=CASES["llama"].build().config)
     keys, values = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
     given: list[Any] = []
     inner = from_mappings(to_mappings((cache,)), given)[0]  # what forward sees inside ORT

@@ -122,3 +122,142 @@ def test_a_branch_on_sizes_the_data_decides_falls_back_quoting_the_line() -> Non
     assert report.fallback_reason is not None
     assert "control flow on sizes at" in report.fallback_reason
     assert "(if h[ids > 10].shape[0] > 3:)" in report.fallback_reason, report.fallback_reason
+
+
+class _FollowedSizes(_Branching):
+    """Branches on sizes the guards follow through an in-place write (``_shift_right`` of T5 and BART), a
+    convolution (Swin's patch embedding) and a concatenation with an empty vector (a cache's first update)."""
+
+    def __init__(self, through: str) -> None:
+        super().__init__()
+        self.through = through
+        self.conv = torch.nn.Conv1d(8, 8, kernel_size=3, stride=2, padding=1)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        if self.through == "in-place":
+            shifted = ids.new_zeros(ids.shape)
+            shifted[:, 1:] = ids[:, :-1]
+            shifted.masked_fill_(shifted == 3, 0)
+            longer = shifted.shape[1] > 8
+        elif self.through == "convolution":
+            longer = self.conv(h.transpose(1, 2)).shape[-1] > 4  # ceil(length / 2)
+        else:
+            cached = torch.cat([torch.tensor([]), h], dim=-2)
+            longer = cached.shape[-2] > 8
+        if longer:
+            h = torch.tanh(h) * 2
+        return self.head(h)
+
+
+@pytest.mark.parametrize("through", ["in-place", "convolution", "concatenation"])
+def test_a_branch_on_sizes_followed_through_more_operators_is_a_guard(through: str) -> None:
+    eager, ort = fit_both(
+        lambda: _FollowedSizes(through),
+        lambda: _batches((6, 12), steps=4),
+        max_steps=4,
+        strategy=ORTStrategy(fullgraph=True),
+    )
+    (report,) = ort.reports
+    assert report.fallback_reason is None, report.fallback_reason
+    assert_ort_ran(ort, min_calls=4)
+    assert_losses_match(eager, ort)
+    assert report.size_exports == 3  # one per flip: 6, 12, 6, 12
+
+
+class _BranchOnMask(_Branching):
+    """A branch on the values of an input (``mask.all()``, or the sum against the count of ``fast_all``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        full = mask.bool().all() if self.how == "all" else mask.sum() == mask.numel()
+        if full:
+            h = torch.tanh(h) * 2
+        else:
+            h = h * mask.unsqueeze(-1)
+        return self.head(h)
+
+
+def _masked_batches(full: tuple[bool, ...]) -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    data = []
+    for step_full in full:
+        ids = torch.randint(0, _VOCAB, (2, 6), generator=generator)
+        mask = torch.ones(2, 6, dtype=torch.long)
+        if not step_full:
+            mask[1, 4:] = 0
+        data.append((ids, mask))
+    return DataLoader(data, batch_size=None)
+
+
+@pytest.mark.parametrize("how", ["all", "sum"])
+def test_a_branch_on_input_values_is_a_guard_that_exports_again_when_it_flips(how: str) -> None:
+    """All-ones masks, then padded, then all-ones: each flip a new export, losses equal eager's at every step."""
+    full = (True, True, False, False, True, False)
+    eager, ort = fit_both(
+        lambda: _BranchOnMask(how),
+        lambda: _masked_batches(full),
+        max_steps=len(full),
+        strategy=ORTStrategy(fullgraph=True),
+    )
+    (report,) = ort.reports
+    assert report.fallback_reason is None, report.fallback_reason
+    assert_ort_ran(ort, min_calls=len(full))
+    assert report.torch_calls == 0
+    assert_losses_match(eager, ort)
+    assert report.size_exports == 3  # one per flip
+
+
+class _BranchOnWeights(_Branching):
+    """A branch on a value computed from a parameter, or from the data through a parameter: not a guard."""
+
+    def __init__(self, through: str) -> None:
+        super().__init__()
+        self.through = through
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        value = self.head.weight.sum() if self.through == "parameter" else h.sum()
+        if value > 0:
+            h = h * 2
+        return self.head(h)
+
+
+@pytest.mark.parametrize("through", ["parameter", "data"])
+def test_a_branch_on_values_that_are_not_the_inputs_alone_still_falls_back(through: str) -> None:
+    _, ort = fit_both(
+        lambda: _BranchOnWeights(through),
+        lambda: _masked_batches((True, True)),
+        max_steps=2,
+        strategy=ORTStrategy(fullgraph=True),
+    )
+    (report,) = ort.reports
+    assert report.fallback_reason is not None
+    assert "depend on tensor data" in report.fallback_reason, report.fallback_reason
+
+
+@pytest.mark.parametrize("on", ["values", "sizes"])
+def test_a_guard_is_kept_with_a_cached_export_and_picks_the_cached_graph_that_fits(
+    on: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With export_cache=True, the export after a flip must not reuse the cached graph of the other branch (the
+    cache's key holds no sizes or values: it used to, and trained the padded batch on the all-ones graph), and a
+    second run reusing the cached graphs still checks the branch."""
+    from lightning_ort._compat import export_cache
+
+    monkeypatch.setattr(export_cache, "cache_root", lambda: tmp_path)
+    if on == "values":
+        make, loader = (lambda: _BranchOnMask("sum")), (lambda: _masked_batches((True, False, True)))
+    else:
+        make, loader = _Branching, (lambda: _batches((6, 12), steps=3))
+    for _ in range(2):
+        eager, ort = fit_both(make, loader, max_steps=3, strategy=ORTStrategy(fullgraph=True, export_cache=True))
+        (report,) = ort.reports
+        assert report.fallback_reason is None and report.torch_calls == 0, report
+        assert_losses_match(eager, ort)
+        assert report.size_exports == 2
+    assert any(tmp_path.rglob("*.onnx")), "nothing was cached"

@@ -12,6 +12,7 @@ from lightning_ort._compat.batchnorm_order import check_batch_norm_order
 from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort._compat.channels_last import to_channels_last
 from lightning_ort._compat.concat_fills import pad_constant_fills
+from lightning_ort._compat.constant_outputs import keep_constant_outputs_computed
 from lightning_ort._compat.dim_names import sanitize_dim_names
 from lightning_ort._compat.export_cache import cache_directory, cache_entry, export_cache, keep_trace_record
 from lightning_ort._compat.export_guard import guarded_export
@@ -123,6 +124,7 @@ def _prepare_graph_builder_input() -> None:
         split_bidirectional_rnns(model)
         add_log_prob_outputs(model)
         pad_constant_fills(model)
+        keep_constant_outputs_computed(model)
         choose_overloads(model, list(info.onnx_graph_input_names_require_grad))
         sanitize_dim_names(model)
         return original(self, info)

@@ -11,8 +11,10 @@ and ORT exports the module again (``guard.py``), the new export recording its ow
 
 A decision is kept as a guard only when every size it reads can be followed back through the trace
 to a dimension of an input (or to a constant: a parameter's shape, a number in a ``view``) by the
-operators :func:`_size` knows; anything else (a size after a data-dependent operator such as
-``nonzero``, a branch on values) stays refused by the export's checks with the line that branched.
+operators :func:`_size` knows; a branch on values computed from the inputs alone (``mask.all()``) is
+kept the same way, its computation followed by ``value_guards.py``; anything else (a size after a
+data-dependent operator such as ``nonzero``, a value read through a parameter) stays refused by the
+export's checks with the line that branched.
 
 Over 300 lines because the shape rules of the operators it follows (:func:`_size`) belong with the
 recording and the check that use them; the op registry of issue #30 is where they would move.
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
+from lightning_ort._compat import value_guards
 from lightning_ort._compat.tracing_state import untraced, warned_at_caller
 from lightning_ort._compat.value_traces import value_trace
 
@@ -110,6 +113,8 @@ class SizeGuards:
     calling: bool = True
     # those of a cached export (export_cache.py), which runs no trace: taken over when it is reused
     restored: tuple[list[Node], list[SizeDecision]] = ([], [])
+    # the arguments of the call being made (the export it may start reuses a cached graph only if they fit it)
+    arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
 
 def guards_of(adapter: torch.nn.Module) -> SizeGuards:
@@ -149,6 +154,13 @@ def _constant(value: torch._C.Value) -> Any:
             raise _Unknown
         return constant.item()
     return constant
+
+
+def _listed_constant(value: torch._C.Value) -> Any:
+    """A constant, or a list built of constants (``prim::ListConstruct``)."""
+    if value.node().kind() == "prim::ListConstruct":
+        return [_constant(element) for element in value.node().inputs()]
+    return _constant(value)
 
 
 class _Follower:
@@ -260,7 +272,7 @@ class _Follower:
             if not operands:
                 raise _Unknown
             return self._broadcast(operands)
-        if kind in _SAME_SHAPE:
+        if kind in _SAME_SHAPE or _in_place(kind):
             return self.size(inputs[0], dim, depth)
         if kind == "aten::embedding":
             return self._known(value, dim) if dim == rank - 1 else self.size(inputs[1], dim, depth)
@@ -307,6 +319,8 @@ class _Follower:
             return self._matmul(first, second, dim, rank, depth)
         if kind == "aten::scaled_dot_product_attention":  # query's shape, with value's last dimension
             return self.size(inputs[2] if dim == rank - 1 else inputs[0], dim - rank, depth)
+        if kind in ("aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d"):
+            return self._convolution(kind, value, inputs, dim, depth)
         if kind in _REDUCTIONS and len(inputs) >= 3:
             return self._reduced(inputs, dim, rank, depth)
         if kind == "aten::gather":  # the index's shape
@@ -322,6 +336,8 @@ class _Follower:
         if kind == "aten::cat":
             parts = list(inputs[0].node().inputs()) if inputs[0].node().kind() == "prim::ListConstruct" else None
             position = _constant(inputs[1])
+            # torch.cat skips 1-D empty tensors of any other rank (a cache's torch.tensor([]) before its first update)
+            parts = [part for part in parts or [] if rank == 1 or not _empty_vector(part)]
             if not parts:
                 raise _Unknown
             position %= rank
@@ -329,6 +345,30 @@ class _Follower:
                 return self.size(parts[0], dim, depth)
             return self._node("sum", *(self.size(part, dim, depth) for part in parts))
         raise _Unknown(kind)
+
+    def _convolution(self, kind: str, value: torch._C.Value, inputs: list[torch._C.Value], dim: int, depth: int) -> int:
+        """A dimension of a (not transposed) convolution: the batch's, the weight's channels, each spatial size from
+        the input's by the kernel, stride, padding and dilation (constants)."""
+        stride, padding, dilation = (_listed_constant(operand) for operand in inputs[3:6])
+        if not isinstance(stride, (list, tuple)) or inputs[0].type().dim() != len(stride) + 2 or dim >= len(stride) + 2:
+            raise _Unknown("an unbatched convolution")
+        if dim == 0:
+            return self.size(inputs[0], 0, depth)
+        if dim == 1:
+            return self._known(value, 1)
+        if kind == "aten::_convolution" and _constant(inputs[6]):  # transposed
+            raise _Unknown("a transposed convolution")
+        if not all(isinstance(listed, (list, tuple)) for listed in (stride, padding, dilation)):
+            raise _Unknown("a convolution with padding='same' or sizes it cannot read")
+        kernel = inputs[1].type().sizes()
+        if kernel is None or kernel[dim] is None:
+            raise _Unknown("a convolution with a kernel of unknown size")
+        axis = dim - 2
+        size = self.size(inputs[0], dim, depth)
+        return self._node(
+            "conv", size, self._const(kernel[dim]), self._const(stride[axis]), self._const(padding[axis]),
+            self._const(dilation[axis]),
+        )  # fmt: skip
 
     def _reduced(self, inputs: list[torch._C.Value], dim: int, rank: int, depth: int) -> int:
         """A dimension of ``mean``/``sum``/``amax``/``amin`` over constant dimensions, kept (as 1) or dropped."""
@@ -424,14 +464,48 @@ class _Follower:
         return self._const(sizes[dim])
 
 
-def evaluate(nodes: list[Node], size: Callable[[str, int, int], int]) -> list[Any]:
-    """The value of each of the program's ``nodes``, with ``size(argument, leaf, dim)`` giving the inputs' sizes."""
+def _empty_vector(value: torch._C.Value) -> bool:
+    """Whether ``value`` is a 1-D tensor of size 0 (``torch.tensor([])``)."""
+    value_type = value.type()
+    try:
+        return isinstance(value_type, torch._C.TensorType) and value_type.sizes() == [0]
+    except RuntimeError:  # sizes not known
+        return False
+
+
+# In-place operators that change their input's shape
+_RESHAPING_IN_PLACE = frozenset(
+    f"aten::{name}_"
+    for name in ("resize", "resize_as", "set", "squeeze", "unsqueeze", "t", "transpose", "swapdims", "swapaxes",
+                 "as_strided", "unfold")
+)  # fmt: skip
+
+
+def _in_place(kind: str) -> bool:
+    """An in-place operator (``aten::masked_fill_``, ``aten::copy_``) that returns its first input, shape and all."""
+    return (
+        kind.startswith("aten::") and kind.endswith("_") and not kind.endswith("__") and kind not in _RESHAPING_IN_PLACE
+    )
+
+
+def evaluate(
+    nodes: list[Node], size: Callable[[str, int, int], int], leaf: Callable[[str, int], Any] | None = None
+) -> list[Any]:
+    """The value of each of the program's ``nodes``, with ``size(argument, leaf, dim)`` giving the inputs' sizes
+    and ``leaf(argument, leaf)`` the inputs themselves (for branches on their values, ``value_guards.py``)."""
     values: list[Any] = []
     for kind, *operands in nodes:
         if kind == "const":
             values.append(operands[0])
         elif kind == "size":
             values.append(size(*operands))
+        elif kind == "input":
+            if leaf is None:
+                raise LookupError("the inputs' values are needed")
+            values.append(leaf(*operands))
+        elif kind in _VALUE_NODES:
+            metadata = _VALUE_NODES[kind]
+            values.append(value_guards.apply(kind, operands[:metadata], [values[o] for o in operands[metadata:]]))
         else:
             values.append(_apply(kind, [values[operand] for operand in operands]))
     return values
@@ -463,6 +537,9 @@ def _apply(kind: str, values: list[Any]) -> Any:
         whole, chunks, index = values
         size = -(-whole // chunks)
         return max(0, min(size, whole - index * size))
+    if kind == "conv":
+        size, kernel, stride, padding, dilation = values
+        return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
     if kind == "expand":
         wanted, source = values
         return source if wanted == -1 else wanted
@@ -470,6 +547,15 @@ def _apply(kind: str, values: list[Any]) -> Any:
         wanted, whole, others = values
         return whole // others if wanted == -1 else wanted
     raise ValueError(f"unknown size operator {kind}")
+
+
+# Nodes of value_guards.py, with the number of their operands that are not positions of other nodes
+_VALUE_NODES = {"aten": 3, "list": 0}
+_LEAVES = ("const", "size", "input")
+
+
+def _operand_positions(kind: str, operands: list[Any]) -> list[Any]:
+    return [] if kind in _LEAVES else operands[_VALUE_NODES.get(kind, 0) :]
 
 
 def _program(nodes: list[Node], decisions: list[SizeDecision]) -> tuple[list[Node], list[SizeDecision]]:
@@ -481,14 +567,17 @@ def _program(nodes: list[Node], decisions: list[SizeDecision]) -> tuple[list[Nod
         if position not in needed:
             needed.add(position)
             kind, *operands = nodes[position]
-            if kind not in ("const", "size"):
-                pending.extend(operands)
+            pending.extend(_operand_positions(kind, operands))
     order = sorted(needed)
     renumbered = {old: new for new, old in enumerate(order)}
     program = []
     for old in order:
         kind, *operands = nodes[old]
-        program.append(nodes[old] if kind in ("const", "size") else (kind, *(renumbered[o] for o in operands)))
+        metadata = 0 if kind in _LEAVES else _VALUE_NODES.get(kind, 0)
+        if kind in _LEAVES:
+            program.append(nodes[old])
+        else:
+            program.append((kind, *operands[:metadata], *(renumbered[o] for o in operands[metadata:])))
     return program, [SizeDecision(renumbered[d.expression], d.answer, d.location) for d in decisions]
 
 
@@ -536,7 +625,9 @@ def recorded_decisions(adapter: torch.nn.Module, locate: Callable[[], str | None
             expression = follower.number(value) if value is not None else None
         except (_Unknown, RecursionError, RuntimeError, TypeError, AttributeError, IndexError, KeyError) as error:
             log.debug("lightning_ort: a branch at %s reads what the size guards do not follow: %r", locate(), error)
-            expression = None
+            expression = _on_input_values(follower, value, locate)
+            if expression is not None and not _reads_tensors_only(adapter, follower.nodes, expression):
+                expression = None  # a Python number argument (fed as a tensor by ORT): refused, naming it
         if expression is None or not _reads_a_size(follower.nodes, expression):
             # a branch on data, or on sizes it cannot follow: torch warns (at the caller's line), the export refuses
             return warned_at_caller(original, self)
@@ -556,15 +647,40 @@ def recorded_decisions(adapter: torch.nn.Module, locate: Callable[[], str | None
         handle.remove()
 
 
+def _on_input_values(follower: _Follower, value: torch._C.Value | None, locate: Callable[[], str | None]) -> int | None:
+    """The node computing a branch's value from the inputs' values and sizes, or None (value_guards.py)."""
+    if value is None:
+        return None
+    try:
+        return value_guards.follow(follower, value)
+    except (value_guards.NotAnInputValue, _Unknown, RecursionError, RuntimeError, TypeError, AttributeError,
+            IndexError, KeyError, ValueError) as error:  # fmt: skip
+        log.debug("lightning_ort: a branch at %s reads what the value guards do not follow: %r", locate(), error)
+        return None
+
+
+def _reads_tensors_only(adapter: torch.nn.Module, nodes: list[Node], position: int) -> bool:
+    """Whether every input whose value the node reads is a tensor in the call being made (a Python number
+    argument the graph gets as a tensor has its own refusal, which names it and the fix)."""
+    arguments = guards_of(adapter).arguments
+    bound = _bound(adapter, *arguments) if arguments is not None else None
+    if bound is None:
+        return False
+    leaves = {(name, index): leaf for name, index, leaf in _leaves(bound)}
+    program, _ = _program(nodes, [SizeDecision(position, None, "")])
+    read = [node[1:3] for node in program if node[0] == "input"]
+    return all(isinstance(leaves.get(tuple(where)), torch.Tensor) for where in read)
+
+
 def _caller() -> str:
     frame = sys._getframe(2)
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def _reads_a_size(nodes: list[Node], position: int) -> bool:
-    """Whether the node reads an input's size (else it is a constant, which needs no guard)."""
+    """Whether the node reads an input's size or value (else it is a constant, which needs no guard)."""
     program, _ = _program(nodes, [SizeDecision(position, None, "")])
-    return any(node[0] == "size" for node in program)
+    return any(node[0] in ("size", "input") for node in program)
 
 
 def keep_decisions(adapter: torch.nn.Module, recording: _Recording, traced: bool) -> None:
@@ -573,6 +689,7 @@ def keep_decisions(adapter: torch.nn.Module, recording: _Recording, traced: bool
     guards = guards_of(adapter)
     found = _program(recording.follower.nodes, recording.decisions) if traced else guards.restored
     guards.graphs[guards.calling] = found
+    guards.arguments = None
 
 
 def to_record(adapter: torch.nn.Module) -> dict[str, Any]:
@@ -585,11 +702,20 @@ def to_record(adapter: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def from_record(adapter: torch.nn.Module, record: dict[str, Any]) -> None:
-    """Take over the decisions kept with a cached export (:func:`to_record`)."""
+def from_record(adapter: torch.nn.Module, record: dict[str, Any]) -> str | None:
+    """Take over the decisions kept with a cached export (:func:`to_record`); why they cannot be (a decision
+    the call being made answers otherwise: the cached graph took another branch), or None."""
     nodes = [tuple(node) for node in record["nodes"]]
     decisions = [SizeDecision(position, answer, location) for position, answer, location in record["decisions"]]
-    guards_of(adapter).restored = (nodes, decisions)
+    guards = guards_of(adapter)
+    if decisions:
+        if guards.arguments is None:
+            return "its branches on sizes or values cannot be checked for this call"
+        problem = _first_changed(adapter, nodes, decisions, *guards.arguments)
+        if problem is not None:
+            return problem
+    guards.restored = (nodes, decisions)
+    return None
 
 
 def changed_decision(
@@ -600,9 +726,19 @@ def changed_decision(
     None when all hold (or the graph holds none)."""
     guards = guards_of(adapter)
     guards.calling = graph
+    guards.arguments = (args, kwargs)
     nodes, decisions = guards.graphs.get(graph, ([], []))
-    if not decisions:
-        return None
+    return _first_changed(adapter, nodes, decisions, args, kwargs) if decisions else None
+
+
+def _first_changed(
+    adapter: torch.nn.Module,
+    nodes: list[Node],
+    decisions: list[SizeDecision],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> str | None:
+    """The first of ``decisions`` the call with ``args`` and ``kwargs`` answers otherwise, said in words."""
     arguments = _bound(adapter, args, kwargs)
     leaves = {} if arguments is None else {(name, index): leaf for name, index, leaf in _leaves(arguments)}
 
@@ -612,18 +748,32 @@ def changed_decision(
             raise LookupError(f"input {name} is not the tensor the export saw")
         return leaf.shape[dim]
 
+    def leaf(name: str, index: int) -> torch.Tensor:
+        found = leaves.get((name, index))
+        if not isinstance(found, torch.Tensor):
+            raise LookupError(f"input {name} is not the tensor the export saw")
+        return found.detach()
+
     try:
-        values = evaluate(nodes, size)
-    except (LookupError, ArithmeticError, TypeError, ValueError) as error:
+        with torch.no_grad():
+            values = evaluate(nodes, size, leaf)
+            answers = [_answer(values[decision.expression]) for decision in decisions]
+    except (LookupError, ArithmeticError, TypeError, ValueError, RuntimeError) as error:
         return f"the branches on sizes at {decisions[0].location} cannot be checked for this call ({error})"
-    for decision in decisions:
-        answer = values[decision.expression]
+    for decision, answer in zip(decisions, answers, strict=True):
         if answer != decision.answer:
+            program, _ = _program(nodes, [decision])
+            what = "values" if any(node[0] == "input" for node in program) else "sizes"
             return (
-                f"a branch on sizes at {decision.location} goes the other way for this call's input sizes "
+                f"a branch on {what} at {decision.location} goes the other way for this call's input {what} "
                 f"({decision.answer} at the export, {answer} now)"
             )
     return None
+
+
+def _answer(value: Any) -> Any:
+    """A branch's value as the export's decision holds it: a tensor (of a branch on values) as a bool."""
+    return bool(value) if isinstance(value, torch.Tensor) else value
 
 
 def forget_graph(adapter: torch.nn.Module, graph: bool) -> None:

@@ -41,8 +41,9 @@ def restore(directory: Path, module: torch.nn.Module) -> str | None:
             python_reads.reads_of(adapter_of(module)), user_modules(module), record["reads"]
         )
         if problem is None:
+            problem = size_guards.from_record(adapter_of(module), record["size_decisions"])
+        if problem is None:
             batchnorm.restore_calls(module, record["batch_norm_calls"])
-            size_guards.from_record(adapter_of(module), record["size_decisions"])
         return problem
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"its trace record is missing or unreadable ({error})"

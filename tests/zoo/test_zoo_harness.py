@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -44,6 +46,17 @@ def test_a_row_at_its_expectation_and_at_parity_passes() -> None:
 def test_an_outcome_other_than_the_rows_fails(expect: Expect, share: float, message: str) -> None:
     with pytest.raises(AssertionError, match=message):
         check(result(expect, share, EAGER))
+
+
+def test_graph_breaks_where_a_row_expects_one_graph_fail_and_the_other_way_round() -> None:
+    broken = result(Expect("all"), 1.0, EAGER)
+    broken.ort.reports[0].submodules = ["network.head"]
+    with pytest.raises(AssertionError, match="regressed; graph breaks at"):
+        check(broken)
+    check(result(Expect("all"), 1.0, EAGER))
+    check(dataclasses.replace(broken, model=dataclasses.replace(broken.model, expect=Expect("all", graph_breaks=True))))
+    with pytest.raises(AssertionError, match="tighten the row"):
+        check(result(Expect("all", graph_breaks=True), 1.0, EAGER))
 
 
 def test_early_steps_must_match_within_1e_5() -> None:

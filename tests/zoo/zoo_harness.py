@@ -54,11 +54,15 @@ class Expect:
         min_share: for ``"partly"``, the least share of trainable parameters inside ORT graphs.
         reason: a piece of the fallback reason that must be reported (required for ``"none"``; for ``"partly"``
             unless the row names the modules ORT runs, and the rest was never asked of ORT).
+        graph_breaks: for ``"all"``, that ORT gives up on some module and runs its submodules instead (graph
+            breaks); otherwise such a row must run as one graph per module it names (its whole forward when
+            it names none).
     """
 
     where: Where
     min_share: float = 0.0
     reason: str | None = None
+    graph_breaks: bool = False
 
     def __post_init__(self) -> None:
         if self.where == "partly" and not 0.0 < self.min_share < 1.0:
@@ -357,6 +361,10 @@ def check(result: ZooResult) -> None:
         better = ("none", "partly", "all").index(result.where) > ("none", "partly", "all").index(expect.where)
         hint = "runs more in ORT than its row expects: tighten the row" if better else "regressed"
         raise AssertionError(f"{result.model.name} {hint} (expected {expect.where!r}): {result.summary()}")
+    broken = [report.name for report in ort.reports if report.submodules]
+    if expect.where == "all" and bool(broken) != expect.graph_breaks:
+        hint = "runs as one graph: tighten the row (graph_breaks=False)" if expect.graph_breaks else "regressed"
+        raise AssertionError(f"{result.model.name} {hint}; graph breaks at {broken}: {result.summary()}")
     if expect.where == "partly":
         assert ort.ort_share >= expect.min_share, f"share below {expect.min_share:.0%}: {result.summary()}"
     if expect.reason is not None:
