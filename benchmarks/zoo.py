@@ -147,12 +147,15 @@ def markdown(records: list[dict[str, Any]], machine: str, seconds: dict[str, flo
         cells = [r["name"], _where(r), f"{r['parameters']:,}", parity, f"{r['noise'][-1]:.1e}", f"{r['speed']:.2f}x"]
         lines.append("| " + " | ".join([*map(_cell, cells), first]) + " |")
     lines += ["", "## What stayed in PyTorch, and why", ""]
+    stayed = len(lines)
     for r in records:
         if r["where"] == "crash":
             lines.append(f"- **{r['name']}** crashed: `{_cell(r['error'])}`")
         elif r["reasons"]:
             shown = "; ".join(dict.fromkeys(r["reasons"]))
             lines.append(f"- **{r['name']}**: {_cell(shown[:600])}{' ...' if len(shown) > 600 else ''}")
+    if len(lines) == stayed:
+        lines.append("Nothing: no module of these models was refused or fell back.")
     times = ", ".join(f"{part} rows {value:.0f} s" for part, value in seconds.items())
     lines += ["", f"Run time of the zoo on this machine (three fits per model): {times}."]
     return "\n".join(lines) + "\n"
