@@ -4,6 +4,10 @@ The rest of lightning_ort talks to :func:`wrap_module` and :class:`ORTRuntimeOpt
 environment variables, private attributes and torch compatibility shims stay inside this package.
 """
 
+from lightning_ort._compat import custom_function as _custom_function
+from lightning_ort._compat import extensions as _extensions
+from lightning_ort._compat import loader as _loader
+from lightning_ort._compat import patches as _patches
 from lightning_ort._compat.batchnorm import advance_batch_counters, batch_counters
 from lightning_ort._compat.custom_function import custom_function_support, custom_function_support_enabled
 from lightning_ort._compat.deploy import (
@@ -53,6 +57,12 @@ from lightning_ort._compat.runtime import (
 from lightning_ort._compat.size_guards import changed_decision as changed_size_decision
 from lightning_ort._compat.size_guards import forget_graph as forget_size_decisions
 from lightning_ort._compat.trace_checks import hooks_problem, refresh_hooked_weights, summary_hooks
+
+# The lower modules take what sits above them by registration, so that no import goes back up:
+# the loader installs the hooks into ORT once it imports ORT, and the extensions register the custom-Function
+# runner's interop module under the name ORT imports.
+_loader.run_after_import(_patches.install)
+_extensions.provide_interop_module(_custom_function.interop_module)
 
 __all__ = [
     "GRAPH_STAGES",

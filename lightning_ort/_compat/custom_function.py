@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.utils.dlpack import from_dlpack, to_dlpack
 
+from lightning_ort._compat import extensions, loader
 from lightning_ort.errors import ORTSetupError
 
 log = logging.getLogger(__name__)
@@ -254,9 +255,7 @@ def _runner() -> types.ModuleType:
             unregister_python_functions,
         )
 
-        from lightning_ort._compat.extensions import load_custom_function_runner
-
-        module = load_custom_function_runner()
+        module = extensions.load_custom_function_runner()
         module.set_drivers(_run_forward, _run_backward)
         register_forward_runner(int(module.forward_runner_address()))
         register_backward_runner(int(module.backward_runner_address()))
@@ -315,9 +314,7 @@ def custom_function_support(enabled: bool | None = None) -> bool:
     off, such modules are refused (ORT would inline the Function's forward and ignore its backward).
     """
     global _unavailable_reason
-    from lightning_ort._compat.loader import ortmodule_package
-
-    ortmodule_package()
+    loader.ortmodule_package()
     from onnxruntime.training.ortmodule import _custom_autograd_function
 
     if enabled is None and _unavailable_reason is not None:
@@ -325,8 +322,6 @@ def custom_function_support(enabled: bool | None = None) -> bool:
     if enabled is not False:
         try:
             _check_torch_version()
-            from lightning_ort._compat import extensions
-
             if enabled or _runner_module is not None or extensions.custom_function_runner_built():
                 _runner()
             else:
@@ -364,9 +359,7 @@ def _check_torch_version() -> None:
 
 def custom_function_support_enabled() -> bool:
     """Whether ORTModules created now get custom ``torch.autograd.Function`` support."""
-    from lightning_ort._compat.loader import ortmodule_package
-
-    ortmodule_package()
+    loader.ortmodule_package()
     from onnxruntime.training.ortmodule import _custom_autograd_function
 
     return bool(_custom_autograd_function.custom_autograd_function_enabler.state)

@@ -20,13 +20,13 @@ import torch
 import torch.utils.checkpoint
 from torch.onnx import TrainingMode
 
-from lightning_ort._compat import hf_attention, python_random, python_reads, size_guards, trace_checks
+from lightning_ort._compat import custom_function, hf_attention, python_random, python_reads, size_guards, trace_checks
 from lightning_ort._compat.assert_statements import in_assert_condition
 from lightning_ort._compat.batchnorm import record_calls_per_forward
 from lightning_ort._compat.checkpoint_regions import checkpointed_running_statistics
 from lightning_ort._compat.grad_regions import GradRegions
 from lightning_ort._compat.python_state import PythonState
-from lightning_ort._compat.traced_calls import ORT_DIR, computed_from_inputs, traced_calls
+from lightning_ort._compat.traced_calls import ORT_DIR, computed_from_inputs, graph_inputs_of, traced_calls
 from lightning_ort._compat.tracing_state import untraced
 from lightning_ort._compat.value_traces import exporting, value_trace
 from lightning_ort.errors import ORTSetupError, ORTUnsupportedModelError
@@ -185,8 +185,6 @@ def _torchscript_exporter(record: _ExportRecord) -> Iterator[None]:
 
 def _functions_problem(functions: list[type], record: _ExportRecord) -> str | None:
     """Why the Functions the module applies would not train as in PyTorch under ORT, if they would not."""
-    from lightning_ort._compat import custom_function
-
     if not functions:
         return None
     names = ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in functions)
@@ -545,7 +543,7 @@ def _guarded_export(module: torch.nn.Module, state: PythonState) -> Iterator[Non
         stack.enter_context(attention_fast_path_off())
         stack.enter_context(hf_attention.exported_sdpa())
         functions = stack.enter_context(_record_autograd_functions())
-        grad_regions = stack.enter_context(_record_grad_disabling(GradRegions(module, inputs)))
+        grad_regions = stack.enter_context(_record_grad_disabling(GradRegions(module, inputs, graph_inputs_of)))
         calls.grad_regions = grad_regions
         stored_tensors = stack.enter_context(_record_stored_tensors(module, state))
         draws = stack.enter_context(python_random.random_draws(_user_frame))

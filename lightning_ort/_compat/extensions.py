@@ -21,6 +21,7 @@ import shutil
 import sys
 import sysconfig
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -397,6 +398,17 @@ def build_missing(verbose: bool = False) -> list[str]:
     return [name for name, _, _ in missing]
 
 
+# Builds the module ORT imports as torch_interop_utils (custom_function.interop_module). custom_function builds
+# its runner with this module, so it is handed in (by lightning_ort's engine package) instead of imported here.
+_interop_module: Callable[[str], types.ModuleType] | None = None
+
+
+def provide_interop_module(factory: Callable[[str], types.ModuleType]) -> None:
+    """Set what :func:`register_extensions` registers as ORT's ``torch_interop_utils``: ``factory(name)``."""
+    global _interop_module
+    _interop_module = factory
+
+
 def register_extensions() -> None:
     """Build (or reuse) the extensions and register them under the names ORTModule imports."""
     package = importlib.import_module(EXTENSIONS_PACKAGE)
@@ -410,8 +422,8 @@ def register_extensions() -> None:
     if f"{EXTENSIONS_PACKAGE}.torch_interop_utils" not in sys.modules:
         # ORT imports torch_interop_utils even with custom-Function support off; ours compiles its C++
         # part only when a graph runs a custom Function (see custom_function.py).
-        from lightning_ort._compat.custom_function import interop_module
-
-        interop = interop_module(f"{EXTENSIONS_PACKAGE}.torch_interop_utils")
+        if _interop_module is None:
+            raise ORTSetupError("lightning_ort's torch_interop_utils replacement was not provided")
+        interop = _interop_module(f"{EXTENSIONS_PACKAGE}.torch_interop_utils")
         sys.modules[interop.__name__] = interop
         package.torch_interop_utils = interop  # type: ignore[attr-defined]

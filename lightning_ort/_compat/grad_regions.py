@@ -11,7 +11,7 @@ a size read carries no gradient, so the embedding behind it does not count.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -24,7 +24,15 @@ class GradRegions:
     """The no-grad regions open while the export traces (:meth:`enter` / :meth:`leave`), and those whose
     calls take a tensor computed from something that needs a gradient (:attr:`unsafe`)."""
 
-    def __init__(self, module: torch.nn.Module, inputs: list[tuple[torch.Tensor, int]]) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        inputs: list[tuple[torch.Tensor, int]],
+        graph_inputs_of: Callable[..., Iterator[torch._C.Value]],
+    ) -> None:
+        # graph_inputs_of is traced_calls.graph_inputs_of, handed in by the export guard: traced_calls
+        # imports this module, so importing it back would make an import cycle.
+        self._graph_inputs_of = graph_inputs_of
         self._module = module
         self._inputs = inputs  # the copies of forward's inputs the export runs on
         self._open: list[str | None] = []  # None: a region torch's own code opened
@@ -51,13 +59,13 @@ class GradRegions:
             self.unsafe.append(location)
 
     def _needs_gradient(self, tensor: torch.Tensor) -> bool:
-        from lightning_ort._compat.traced_calls import graph_inputs_of
-
         value = value_trace(tensor)
         if value is None:
             return tensor.requires_grad
         safe = self._graph_inputs_without_gradient()
-        return any(graph_input.unique() not in safe for graph_input in graph_inputs_of(value, through_sizes=False))
+        return any(
+            graph_input.unique() not in safe for graph_input in self._graph_inputs_of(value, through_sizes=False)
+        )
 
     def _graph_inputs_without_gradient(self) -> set[int]:
         if self._without_gradient is None:

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lightning_ort._compat import extensions
 from lightning_ort._compat.flavour import check_installation
@@ -18,6 +18,16 @@ from lightning_ort._compat.torch_onnx import install_torch_onnx_aliases
 from lightning_ort.errors import ORTSetupError
 
 _ORTMODULE = "onnxruntime.training.ortmodule"
+
+# Run once, after ORT's training frontend is imported: the hooks into ORT (runtime's patches.install), which
+# sit above this module and are handed in by lightning_ort's engine package instead of imported here.
+_after_import: list[Callable[[], None]] = []
+
+
+def run_after_import(hook: Callable[[], None]) -> None:
+    """Have :func:`ortmodule_package` call ``hook()`` once ORT is imported (before it returns the package)."""
+    if hook not in _after_import:
+        _after_import.append(hook)
 
 
 @contextlib.contextmanager
@@ -80,9 +90,8 @@ def _load_ortmodule() -> types.ModuleType:
         package._FALLBACK_INIT_EXCEPTION = None
     elif init_error is not None:
         raise ORTSetupError(f"ORTModule cannot start: {init_error}")
-    from lightning_ort._compat import patches
-
-    patches.install()
+    for hook in _after_import:
+        hook()
     return package
 
 
