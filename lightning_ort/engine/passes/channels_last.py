@@ -26,7 +26,7 @@ from typing import Any
 import onnx
 import onnx.numpy_helper
 
-from lightning_ort.engine.ops.kernels import activations
+from lightning_ort.engine.ops import registry
 from lightning_ort.engine.ops.kernels.batchnorm import register_batch_norm_gradient
 from lightning_ort.engine.ops.kernels.gradient_overloads import (
     aten_operator,
@@ -55,7 +55,7 @@ ELEMENTWISE = {
     "LeakyRelu", "Log", "Max", "Min", "Mul", "Neg", "Pow", "Relu", "Selu", "Sigmoid", "Softplus", "Sqrt", "Sub",
     "Tanh", "Where",
 }  # fmt: skip
-ELEMENTWISE_OPERATORS = {"lightning_ort::relu", "lightning_ort::gelu", *activations.OPERATORS}
+ELEMENTWISE_OPERATORS = set(registry.elementwise_operators())
 
 
 def to_channels_last(model: onnx.ModelProto) -> int:

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
+from lightning_ort.engine.ops import registry
 from lightning_ort.engine.ops.kernels.gradient_overloads import register_simple_gradient
 from lightning_ort.engine.ops.kernels.torch_kernels import aten_like
 
 # lightning_ort's operators here, element by element (channels_last.py keeps their layout)
-OPERATORS = tuple(f"lightning_ort::{name}" for name in ("hardswish", "hardsigmoid", "mish", "softplus", "elu", "selu"))
+OPERATORS = registry.family_operators("ops.kernels.activations")  # hardswish, hardsigmoid, mish, softplus, elu, selu
 # the forward's scalar arguments each backward takes after the output's gradient and the input
 _SCALAR_ARGUMENTS = {"lightning_ort::softplus": ["I(1)", "I(2)"], "lightning_ort::elu": ["I(1)", "I(2)", "I(3)"]}
 

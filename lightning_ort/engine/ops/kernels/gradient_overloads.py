@@ -17,34 +17,12 @@ from typing import Any
 
 import onnx
 
+from lightning_ort.engine.ops import registry
+
 GRAD_DOMAIN = "org.pytorch.aten"
 # lightning_ort operators whose gradients depend on which inputs need them -> those inputs' names
-# (inputs 0, 1, ... of the operator, in order)
-OPERATORS = {
-    "lightning_ort::convolution": ("input", "weight"),
-    "lightning_ort::convolution_bias": ("input", "weight", "bias"),
-    "lightning_ort::linear": ("input", "weight"),
-    "lightning_ort::linear_bias": ("input", "weight", "bias"),
-    "lightning_ort::batch_norm": ("input", "weight", "bias"),
-    "lightning_ort::convolution_nhwc": ("input", "weight"),
-    "lightning_ort::convolution_bias_nhwc": ("input", "weight", "bias"),
-    "lightning_ort::batch_norm_nhwc": ("input", "weight", "bias"),
-    "lightning_ort::group_norm_nhwc": ("input", "weight", "bias"),
-    "lightning_ort::group_norm_affine": ("input", "weight", "bias"),
-    "lightning_ort::layer_norm": ("input", "weight", "bias"),
-    "lightning_ort::attention": ("query", "key", "value", "mask"),
-    "lightning_ort::matmul": ("self", "other"),
-    "lightning_ort::prelu": ("self", "weight"),
-    "lightning_ort::instance_norm_affine": ("input", "weight", "bias"),
-    "lightning_ort::batch_statistics_norm_affine": ("input", "weight", "bias"),
-    "lightning_ort::rnn_layer": ("input", "hx", "weights"),
-    "lightning_ort::einsum2": ("self", "other"),
-    "lightning_ort::cdist": ("x1", "x2"),
-    "lightning_ort::pairwise_distance": ("x1", "x2"),
-    "lightning_ort::cosine_similarity": ("x1", "x2"),
-    "lightning_ort::grid_sample": ("input", "grid"),
-    "lightning_ort::pow": ("self", "exponent"),
-}
+# (inputs 0, 1, ... of the operator, in order): the op registry's, and those families add at registration
+OPERATORS = registry.gradient_inputs()
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.
 NON_DIFFERENTIABLE = {

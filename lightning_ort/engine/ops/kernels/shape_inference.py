@@ -39,8 +39,8 @@ from onnxruntime.tools.symbolic_shape_infer import (
     is_literal,
 )
 
+from lightning_ort.engine.ops import registry
 from lightning_ort.engine.ops.kernels import (
-    activations,
     indexing,
     layers,
     math_ops,
@@ -176,31 +176,29 @@ def _rnn_layer(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
     return [sequence[0], sequence[1], state[1]]
 
 
+# the op registry's rule names (registry.ShapeRule) -> the rules
+_SHAPE_RULES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None]] = {
+    "same": _same_as_input,
+    "broadcast": _broadcast,
+    "linear": _linear,
+    "attention": _attention,
+    "matmul": _matmul,
+    "einsum": _einsum,
+    "rnn_layer": _rnn_layer,
+}
+
 # Output 0 of lightning_ort's ATen operators (csrc/aten_ops.cc) from their inputs' shapes (and
 # constant inputs, ``flags``). Without them ORT's inference gives the outputs new symbols, which meet
 # the graph's own in the next broadcast (a residual connection's Add) and are made unknown there
 # (below); the gradient graph then sums such an Add's gradients at run time (a ReduceSum copy each)
 # even where nothing broadcasts.
 _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None]] = {
-    "lightning_ort::linear": _linear,
-    "lightning_ort::linear_bias": _linear,
-    "lightning_ort::relu": _same_as_input,
-    "lightning_ort::gelu": _same_as_input,
-    "lightning_ort::softmax": _same_as_input,
-    "lightning_ort::layer_norm": _same_as_input,
-    "lightning_ort::batch_norm": _same_as_input,
-    "lightning_ort::attention": _attention,
-    "lightning_ort::matmul": _matmul,
-    "lightning_ort::einsum": _einsum,
-    "lightning_ort::einsum2": _einsum,
-    "lightning_ort::rnn_layer": _rnn_layer,
-    "lightning_ort::pow": _broadcast,
+    **{operator: _SHAPE_RULES[rule] for operator, rule in registry.shape_rules().items()},
     # a fresh symbol for a kept dimension of 1 (RevIN's x.mean(1, keepdim=True).detach()) was merged with
     # the dimensions it broadcasts against, a graph input's length with a number: the graph then read
     # that input's length as the number
     **{operator: _same_as_input for operator in STOP_GRADIENT_OPERATORS},
     **{operator: _reduction(*positions) for operator, positions in reductions.REDUCED_DIMS.items()},
-    **{operator: _same_as_input for operator in activations.OPERATORS},
     **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
     **{operator: _same_as_input for operator in special_functions.SAME_SHAPE_OPERATORS},
     **{operator: _broadcast for operator in special_functions.BROADCAST_OPERATORS},
