@@ -25,11 +25,11 @@ def _worker(level: int, batch: int, seq: int, steps: int, warmup: int) -> None:
     import torch
     from workloads import GPTBody, _lm_loss
 
-    from lightning_ort import _compat
+    from lightning_ort import engine
 
     torch.manual_seed(0)
     model = GPTBody(vocab=1000, d_model=256, layers=4, seq_len=seq)
-    ort = _compat.wrap_module(model, _compat.ORTRuntimeOptions(memory_optimization_level=level))
+    ort = engine.wrap_module(model, engine.ORTRuntimeOptions(memory_optimization_level=level))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     generator = torch.Generator().manual_seed(0)
     times, losses = [], []
@@ -49,7 +49,7 @@ def _worker(level: int, batch: int, seq: int, steps: int, warmup: int) -> None:
                 "median_step_s": statistics.median(times[warmup:]),
                 "losses": losses,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "plans": _compat.recompute_plans(ort),
+                "plans": engine.recompute_plans(ort),
             }
         )
     )

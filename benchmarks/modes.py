@@ -13,7 +13,7 @@ from torch import nn
 from workloads import Batch, Workload, call
 
 import lightning_ort
-from lightning_ort import _compat
+from lightning_ort import engine
 from lightning_ort.timing import StepTimer
 
 MODES = (
@@ -129,7 +129,7 @@ def _loop(workload: Workload, model: nn.Module, runner: nn.Module, batches: list
 
 def _raw_ort(workload: Workload, model: nn.Module, batches: list[Batch], device: str, options: Any) -> Steps:
     model = model.to(device)
-    return _loop(workload, model, _compat.wrap_module(model, options), batches, device)
+    return _loop(workload, model, engine.wrap_module(model, options), batches, device)
 
 
 def run_mode(

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import Batch, Workload, workloads  # noqa: E402
 
 import lightning_ort  # noqa: E402
-from lightning_ort import _compat  # noqa: E402
+from lightning_ort import engine  # noqa: E402
 
 
 def _train(model: torch.nn.Module, call: torch.nn.Module, workload: Workload, batches: list[Batch]) -> None:
@@ -43,9 +43,9 @@ def ort_profile(workload: Workload, warmup: list[Batch], batches: list[Batch], r
         options = dataclasses.replace(
             lightning_ort.ORTStrategy().runtime_options, op_rewrites=rewrites, profile_file_prefix=f"{folder}/ort"
         )
-        ort_model = _compat.wrap_module(model, options)
+        ort_model = engine.wrap_module(model, options)
         _train(model, ort_model, workload, warmup + batches)
-        path = _compat.end_profiling(ort_model)
+        path = engine.end_profiling(ort_model)
         assert path is not None, "ORT built no training session"
         events = json.loads(Path(path).read_text())
     totals: collections.Counter[str] = collections.Counter()

@@ -34,8 +34,8 @@ from modes import minor_faults  # noqa: E402
 from workloads import workloads  # noqa: E402
 
 import lightning_ort  # noqa: E402
-from lightning_ort import _compat  # noqa: E402
-from lightning_ort._compat import memory_arena  # noqa: E402
+from lightning_ort import engine  # noqa: E402
+from lightning_ort.engine.runtime import memory_arena  # noqa: E402
 
 EAGER_ARENA = "eager_arena"
 
@@ -78,7 +78,7 @@ def measure(name: str, size: str, variants: list[str], steps: int, warmup: int) 
         if variant == EAGER_ARENA:
             memory_arena.install()
         elif variant != "eager":
-            call = _compat.wrap_module(model, dataclasses.replace(defaults, **variant_options(variant)))
+            call = engine.wrap_module(model, dataclasses.replace(defaults, **variant_options(variant)))
         optimizer = workload.make_optimizer(list(model.parameters()))
         runs[variant] = ((call, optimizer), [], [])
     for index, batch in enumerate(batches):

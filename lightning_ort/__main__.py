@@ -13,8 +13,8 @@ from lightning_ort.errors import ORTSetupError
 
 
 def _setup(verbose: bool) -> int:
-    from lightning_ort._compat import check_installation, ortmodule_package
-    from lightning_ort._compat.extensions import (
+    from lightning_ort.engine import check_installation, ortmodule_package
+    from lightning_ort.engine.bootstrap.extensions import (
         ATEN_OP_EXECUTOR,
         build_aten_op_executor,
         build_custom_function_runner,

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_ort import _compat
+from lightning_ort import engine as _compat
 from lightning_ort.auto_choice import MODES, Mode, SpeedChoice
 from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
 from lightning_ort.memory import validate_memory_options

@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import lightning_ort
-from lightning_ort import _compat
-from lightning_ort._compat.gradient_overloads import aten_operator
+from lightning_ort import engine
+from lightning_ort.engine.ops.kernels.gradient_overloads import aten_operator
 
 STEPS = 8
 WIDTH, HEADS = 16, 2
@@ -48,7 +48,7 @@ class ProcessedGraphRecorder(L.Callback):
 def _operators(trainer: L.Trainer, training: bool) -> set[str]:
     if not isinstance(trainer.strategy, lightning_ort.ORTStrategy):
         return set()
-    model = _compat.processed_model(trainer.strategy.ort_modules["forward"], training=training)
+    model = engine.processed_model(trainer.strategy.ort_modules["forward"], training=training)
     return {aten_operator(node) or node.op_type for node in model.graph.node}
 
 

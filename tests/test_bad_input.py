@@ -18,9 +18,9 @@ from helpers import LossRecorder, trainer_kwargs
 from lightning.pytorch.strategies import StrategyRegistry
 from models import MLP, mlp_loader
 
-from lightning_ort import ORTSetupError, ORTStrategy, _compat
-from lightning_ort._compat import custom_function, extensions, flavour
+from lightning_ort import ORTSetupError, ORTStrategy, engine
 from lightning_ort.ddp import ORTDDPStrategy
+from lightning_ort.engine.bootstrap import custom_function, extensions, flavour
 
 ORTDDPStrategy.register_strategies(StrategyRegistry)  # until lightning_ort/__init__.py registers it
 
@@ -140,7 +140,7 @@ def test_missing_ninja_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_custom_autograd_without_a_compiler_stops_fit_before_any_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    support = _compat.custom_function_support_enabled()
+    support = engine.custom_function_support_enabled()
     monkeypatch.setenv(extensions.CACHE_ENV, str(tmp_path))  # nothing built here yet
     monkeypatch.setenv("CXX", "no-such-compiler-g++")
     monkeypatch.setattr(custom_function, "_runner_module", None)
@@ -156,14 +156,14 @@ def test_custom_autograd_without_a_compiler_stops_fit_before_any_step(
             trainer.fit(MLP(), mlp_loader())
     finally:
         monkeypatch.undo()
-        _compat.custom_function_support(support)
+        engine.custom_function_support(support)
     assert recorder.losses == [] and trainer.global_step == 0
 
 
 def test_custom_autograd_on_older_torch_is_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """On torch < 2.13 the runner's backward failed (torch 2.11): such modules train in PyTorch, with
     the reason, and asking for the support explicitly stops with the fix."""
-    support = _compat.custom_function_support_enabled()
+    support = engine.custom_function_support_enabled()
     monkeypatch.setattr(custom_function, "_unavailable_reason", None)
     monkeypatch.setattr(torch, "__version__", "2.11.0+cpu")
     try:
@@ -173,5 +173,5 @@ def test_custom_autograd_on_older_torch_is_refused_with_the_reason(monkeypatch: 
             custom_function.custom_function_support(True)
     finally:
         monkeypatch.undo()
-        _compat.custom_function_support(support)
-    assert _compat.custom_function_support_enabled() == support
+        engine.custom_function_support(support)
+    assert engine.custom_function_support_enabled() == support

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from torch import nn
 
-from lightning_ort._compat.bidirectional_rnn import split_bidirectional_rnns
 from lightning_ort.callbacks import ONNXGraphDump
+from lightning_ort.engine.passes.bidirectional_rnn import split_bidirectional_rnns
 
 
 class Bidirectional(SequenceClassifier):

@@ -23,9 +23,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import lightning_ort
-from lightning_ort import _compat
-from lightning_ort._compat.channels_last import to_channels_last
-from lightning_ort._compat.extensions import load_aten_ops
+from lightning_ort import engine
+from lightning_ort.engine.bootstrap.extensions import load_aten_ops
+from lightning_ort.engine.passes.channels_last import to_channels_last
 
 STEPS = 6
 
@@ -186,9 +186,9 @@ class Recorder(L.Callback):
             return
         ort_module = trainer.strategy.ort_modules["forward"]
         if not self.operators:
-            model = _compat.processed_model(ort_module, training=True)
+            model = engine.processed_model(ort_module, training=True)
             self.operators = Counter(_operator(node) or node.op_type for node in model.graph.node)
-        export = _compat.exported_model(ort_module, training=True)
+        export = engine.exported_model(ort_module, training=True)
         if not any(export is seen for seen in self.exports):
             self.exports.append(export)
         self.sizes.add(tuple(batch[0].shape[2:]))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_ort import _compat
+from lightning_ort import engine
 
 
 class Attention(nn.Module):
@@ -22,22 +22,22 @@ class Attention(nn.Module):
 
 def test_attention_dropout_is_active_in_training_and_gradients_flow() -> None:
     module = Attention(dropout=0.5)
-    ort = _compat.wrap_module(module, _compat.ORTRuntimeOptions(log_level="ERROR"))
+    ort = engine.wrap_module(module, engine.ORTRuntimeOptions(log_level="ERROR"))
     x = torch.randn(4, 6, 16)
     first, second = ort(x), ort(x)
     assert not torch.allclose(first, second)  # fresh dropout masks: ORT did not export inference-mode Dropout
     second.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.parameters())
-    nodes = [node.op_type for node in _compat.exported_model(ort, training=True).graph.node]
+    nodes = [node.op_type for node in engine.exported_model(ort, training=True).graph.node]
     assert nodes.count("Dropout") >= 3  # attention weights, feed-forward, two residual branches
 
 
 def test_eval_mode_matches_eager_without_touching_submodule_modes() -> None:
     module = Attention(dropout=0.1)
     reference = copy.deepcopy(module).eval()
-    ort = _compat.wrap_module(module, _compat.ORTRuntimeOptions(log_level="ERROR"))
+    ort = engine.wrap_module(module, engine.ORTRuntimeOptions(log_level="ERROR"))
     module.eval()
-    _compat.set_training_flag(ort, graph=False, module_training=False)
+    engine.set_training_flag(ort, graph=False, module_training=False)
     x = torch.randn(3, 5, 16)
     torch.testing.assert_close(ort(x), reference(x), rtol=1e-5, atol=1e-5)
     assert not any(m.training for m in module.modules())
@@ -59,7 +59,7 @@ def test_export_guard_records_functions_whichever_apply_torch_defines(
 ) -> None:
     """torch 2.13 defines ``Function.apply`` as a Python classmethod, 2.14 and newer as
     ``_C._FunctionBase``'s C classmethod (no ``__func__``); the export guard's wrapper calls either."""
-    from lightning_ort._compat.export_guard import _record_autograd_functions
+    from lightning_ort.engine.export.export_guard import _record_autograd_functions
 
     apply = owner.__dict__["apply"]
     monkeypatch.setattr(torch.autograd.Function, "apply", apply)
@@ -73,13 +73,13 @@ def test_export_guard_records_functions_whichever_apply_torch_defines(
 
 
 def test_nvtx_ranges_are_harmless_on_cpu_torch() -> None:
-    _compat.ortmodule_package()
+    engine.ortmodule_package()
     torch.cuda.nvtx.range_push("x")
     torch.cuda.nvtx.range_pop()
 
 
 def test_moved_torch_onnx_internals_resolve_to_the_torchscript_exporter() -> None:
-    _compat.ortmodule_package()
+    engine.ortmodule_package()
     from torch.onnx._internal import jit_utils
     from torch.onnx._internal.torchscript_exporter import jit_utils as moved
 
@@ -92,7 +92,7 @@ def test_dimension_names_become_identifiers_ort_can_parse() -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from lightning_ort._compat.dim_names import sanitize_dim_names
+    from lightning_ort.engine.passes.dim_names import sanitize_dim_names
 
     scoped = "ATen/_original_module/layers.1/linear1/ATen_output_0_dim_0"
     clash = "ATen__original_module_layers_1_linear1_ATen_output_0_dim_0"

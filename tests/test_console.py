@@ -15,7 +15,7 @@ import pytest
 from helpers import assert_ort_ran, fit
 from models import MLP, DataDependent, mlp_loader
 
-from lightning_ort import ORTStrategy, _compat
+from lightning_ort import ORTStrategy, engine
 from lightning_ort.cli import RunSummary
 from lightning_ort.ddp import ORTDDPStrategy
 
@@ -115,7 +115,7 @@ def test_the_fallback_warning_names_the_users_line() -> None:
 def test_log_levels_in_either_case_and_pythons_names(strategy_class: type, given: str, ort_level: str) -> None:
     strategy = strategy_class(log_level=given)
     assert strategy.log_level == ort_level and strategy.runtime_options.log_level == ort_level
-    assert _compat.python_level(ort_level) == logging.getLevelName(
+    assert engine.python_level(ort_level) == logging.getLevelName(
         {"VERBOSE": "DEBUG", "FATAL": "CRITICAL"}.get(ort_level, ort_level)
     )
 
@@ -139,7 +139,7 @@ def _documented_imports() -> list[str]:
                 if name:
                     found.add(f"{module}:{name}")
         found.update(re.findall(r"\blightning_ort(?:\.\w+)+", text))
-    loggers = {_compat.PYTHON_LOGGER, _compat.NATIVE_LOGGER}
+    loggers = {engine.PYTHON_LOGGER, engine.NATIVE_LOGGER}
     return sorted(name for name in found if name not in loggers)
 
 

@@ -17,9 +17,9 @@ from models import MLP, mlp_loader
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from lightning_ort import ORTSetupError, ORTStrategy, _compat
-from lightning_ort._compat import custom_function, extensions
+from lightning_ort import ORTSetupError, ORTStrategy, engine
 from lightning_ort.adapter import ForwardAdapter
+from lightning_ort.engine.bootstrap import custom_function, extensions
 
 
 class StraightThroughSign(torch.autograd.Function):
@@ -153,22 +153,22 @@ IDS = ["straight_through", "non_tensor_args", "save_for_backward", "multiple_out
 
 @pytest.fixture
 def support_on() -> Iterator[None]:
-    before = _compat.custom_function_support_enabled()
-    assert _compat.custom_function_support(True)
+    before = engine.custom_function_support_enabled()
+    assert engine.custom_function_support(True)
     yield
-    _compat.custom_function_support(before)
+    engine.custom_function_support(before)
 
 
 @pytest.fixture
 def support_off() -> Iterator[None]:
-    before = _compat.custom_function_support_enabled()
-    assert not _compat.custom_function_support(False)
+    before = engine.custom_function_support_enabled()
+    assert not engine.custom_function_support(False)
     yield
-    _compat.custom_function_support(before)
+    engine.custom_function_support(before)
 
 
 def python_ops(ort_module: nn.Module) -> list[str]:
-    model = _compat.exported_model(ort_module, True)
+    model = engine.exported_model(ort_module, True)
     assert model is not None
     return [
         attribute.s.decode()
@@ -184,7 +184,7 @@ def test_raw_ort_module_matches_eager_losses_and_gradients(support_on: None, mod
     module = model_cls()
     reference = copy.deepcopy(module)
     # ORTModule inspects every attribute of what it wraps; the adapter keeps the LightningModule out of it
-    ort = _compat.wrap_module(ForwardAdapter.for_module(module), _compat.ORTRuntimeOptions(log_level="ERROR"))
+    ort = engine.wrap_module(ForwardAdapter.for_module(module), engine.ORTRuntimeOptions(log_level="ERROR"))
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (module, reference)]
     loader = iter(mlp_loader(batch_size=8))
     for _ in range(4):
@@ -305,7 +305,7 @@ class Layered(nn.Module):
 def test_context_features_match_eager(support_on: None, apply: Callable[[torch.Tensor], torch.Tensor]) -> None:
     module = Layered(apply)
     reference = copy.deepcopy(module)
-    ort = _compat.wrap_module(module, _compat.ORTRuntimeOptions(log_level="ERROR"))
+    ort = engine.wrap_module(module, engine.ORTRuntimeOptions(log_level="ERROR"))
     x = torch.randn(4, 8)
     out, expected = ort(x), reference(x)
     torch.testing.assert_close(out, expected)
@@ -364,8 +364,8 @@ def test_running_statistics_in_a_non_reentrant_checkpoint_fall_back(support_on: 
 
 @pytest.mark.parametrize("support", [True, False], ids=["support_on", "support_off"])
 def test_reentrant_checkpoint_falls_back_with_the_fix(support: bool) -> None:
-    before = _compat.custom_function_support_enabled()
-    _compat.custom_function_support(support)
+    before = engine.custom_function_support_enabled()
+    engine.custom_function_support(support)
     try:
         eager, ort = fit_both(
             lambda: CheckpointMLP(reentrant=True),
@@ -374,7 +374,7 @@ def test_reentrant_checkpoint_falls_back_with_the_fix(support: bool) -> None:
             strategy=ORTStrategy(fullgraph=True, custom_autograd=support),
         )
     finally:
-        _compat.custom_function_support(before)
+        engine.custom_function_support(before)
     (report,) = ort.reports
     assert report.fallback_reason is not None and "use_reentrant=False" in report.fallback_reason
     assert_losses_match(eager, ort, rtol=0)
@@ -404,15 +404,15 @@ class TwinUser(nn.Module):
 
 
 def test_a_redefined_function_with_a_known_name_is_refused(support_on: None) -> None:
-    first = _compat.wrap_module(TwinUser(_function_named_twin(1.0)), _compat.ORTRuntimeOptions(log_level="ERROR"))
+    first = engine.wrap_module(TwinUser(_function_named_twin(1.0)), engine.ORTRuntimeOptions(log_level="ERROR"))
     first(torch.randn(2, 4)).sum().backward()
-    second = _compat.wrap_module(TwinUser(_function_named_twin(-1.0)), _compat.ORTRuntimeOptions(log_level="ERROR"))
+    second = engine.wrap_module(TwinUser(_function_named_twin(-1.0)), engine.ORTRuntimeOptions(log_level="ERROR"))
     with pytest.raises(Exception, match="ORT already runs in this process"):
         second(torch.randn(2, 4))
 
 
 def test_unbuildable_extension_leaves_everything_else_working(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = _compat.custom_function_support_enabled()
+    before = engine.custom_function_support_enabled()
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv(extensions.CACHE_ENV, str(blocker / "cache"))
@@ -421,8 +421,8 @@ def test_unbuildable_extension_leaves_everything_else_working(tmp_path: Any, mon
     monkeypatch.setattr(custom_function, "_unavailable_reason", None)
     try:
         with pytest.raises(ORTSetupError, match="Custom autograd.Function support inside ORT is unavailable"):
-            _compat.custom_function_support(True)
-        assert _compat.custom_function_support(None) is False
+            engine.custom_function_support(True)
+        assert engine.custom_function_support(None) is False
         eager, ort = fit_both(STEMLP, mlp_loader, 3, strategy=ORTStrategy(fullgraph=True))
         (report,) = ort.reports
         assert report.fallback_reason is not None
@@ -435,16 +435,16 @@ def test_unbuildable_extension_leaves_everything_else_working(tmp_path: Any, mon
         assert_ort_ran(ort, min_calls=3)
     finally:
         monkeypatch.undo()
-        _compat.custom_function_support(before)
+        engine.custom_function_support(before)
 
 
 def test_switching_never_leaves_environment_changes() -> None:
     before = dict(os.environ)
-    state = _compat.custom_function_support_enabled()
-    assert _compat.custom_function_support(True) is True
-    assert _compat.custom_function_support(False) is False
-    assert _compat.custom_function_support(None) is True
-    _compat.custom_function_support(state)
+    state = engine.custom_function_support_enabled()
+    assert engine.custom_function_support(True) is True
+    assert engine.custom_function_support(False) is False
+    assert engine.custom_function_support(None) is True
+    engine.custom_function_support(state)
     assert dict(os.environ) == before
 
 
@@ -457,7 +457,7 @@ def test_runner_is_built_into_the_cache_not_site_packages() -> None:
 def test_the_runner_is_loaded_by_the_first_export_that_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # On a fresh machine the strategy starts with the runner unbuilt (a model without custom Functions
     # never compiles it, test_extension_cache.py); the export that finds a custom Function loads it.
-    before = _compat.custom_function_support_enabled()
+    before = engine.custom_function_support_enabled()
     monkeypatch.setattr(extensions, "custom_function_runner_built", lambda: False)
     monkeypatch.setattr(custom_function, "_runner_module", None)
     monkeypatch.setattr(custom_function, "_unavailable_reason", None)
@@ -468,4 +468,4 @@ def test_the_runner_is_loaded_by_the_first_export_that_needs_it(monkeypatch: pyt
         assert_losses_match(eager, ort)
     finally:
         monkeypatch.undo()
-        _compat.custom_function_support(before)
+        engine.custom_function_support(before)

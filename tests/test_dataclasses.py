@@ -17,7 +17,7 @@ from models import Base, sequence_batches
 from torch import nn
 
 import lightning_ort
-from lightning_ort._compat import export_cache
+from lightning_ort.engine.export import export_cache
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ import torch
 from helpers import assert_losses_match, assert_ort_ran, fit_both
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ort._compat import fixed_sizes
+from lightning_ort.engine.export import fixed_sizes
 
 _BLOCKS = 12
 

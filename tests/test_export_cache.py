@@ -16,7 +16,7 @@ from models import CNN, MLP, NoGradInForward, image_loader, mlp_loader
 from test_custom_function import STEMLP
 
 import lightning_ort
-from lightning_ort._compat import export_cache
+from lightning_ort.engine.export import export_cache
 
 STEPS = 3
 

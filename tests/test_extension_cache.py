@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_ort import ORTSetupError
-from lightning_ort._compat import extensions
+from lightning_ort.engine.bootstrap import extensions
 
 TRAIN_SNIPPET = """
 import lightning as L, torch, lightning_ort
@@ -100,7 +100,7 @@ def test_a_model_without_custom_functions_builds_no_runner(tmp_path: Path) -> No
     # The custom-Function runner took a third of a fresh machine's first fit to compile, for models
     # that have no custom Function; it is compiled when a graph runs one (next test).
     cache = _cache_with(tmp_path, [extensions.build_aten_op_executor()[0], extensions.build_aten_ops()[0]])
-    snippet = TRAIN_SNIPPET + "print('support on:', lightning_ort._compat.custom_function_support_enabled())\n"
+    snippet = TRAIN_SNIPPET + "print('support on:', lightning_ort.engine.custom_function_support_enabled())\n"
     env = {**os.environ, extensions.CACHE_ENV: str(cache)}
     result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -113,7 +113,7 @@ def test_a_model_without_custom_functions_builds_no_runner(tmp_path: Path) -> No
 
 RUNNER_SNIPPET = """
 import copy, os, sys, torch
-from lightning_ort import _compat
+from lightning_ort import engine
 class Sign(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x): return torch.sign(x)
@@ -123,13 +123,13 @@ class User(torch.nn.Module):
     def __init__(self):
         super().__init__(); self.layer = torch.nn.Linear(4, 4)
     def forward(self, x): return Sign.apply(self.layer(x))
-assert _compat.custom_function_support(None) is True
+assert engine.custom_function_support(None) is True
 assert "lightning_ort_custom_function_runner" not in sys.modules  # support on, nothing built or loaded
 os.symlink(sys.argv[1], os.path.join(sys.argv[2], os.path.basename(sys.argv[1])))  # "built" from here on
 torch.manual_seed(0)
 eager = User()
 twin = copy.deepcopy(eager)
-ort = _compat.wrap_module(twin, _compat.ORTRuntimeOptions(log_level="ERROR"))
+ort = engine.wrap_module(twin, engine.ORTRuntimeOptions(log_level="ERROR"))
 x = torch.randn(3, 4)
 eager(x).sum().backward()
 ort(x).sum().backward()

@@ -1,4 +1,4 @@
-"""Channel-wise and alpha dropout train in ORT (``_compat/feature_dropout.py``); before, torch refused
+"""Channel-wise and alpha dropout train in ORT (``engine/ops/symbolics/feature_dropout.py``); before, torch refused
 to export them in training and the whole model fell back to PyTorch.
 
 ORT draws the masks from its own generator, so each ORT run records the masks it drew (read back

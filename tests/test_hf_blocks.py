@@ -2,7 +2,7 @@
 
 transformers' ``sdpa_attention_forward`` decides ``is_causal`` and its grouped-query strategy from tensor
 sizes, which the export refused; Llama, Mistral and Qwen2 pass ``enable_gqa=True``, which torch's
-exporter refused (``_compat/hf_attention.py``, ``_compat/attention.py``).
+exporter refused (``engine/export/hf_attention.py``, ``engine/ops/symbolics/attention.py``).
 """
 
 from __future__ import annotations

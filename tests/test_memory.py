@@ -12,7 +12,7 @@ from helpers import RunResult, assert_losses_match, assert_ort_ran, fit, fit_bot
 from models import MLP, mlp_loader
 from test_gpt import char_loader, make_gpt
 
-from lightning_ort import ORTStrategy, _compat
+from lightning_ort import ORTStrategy, engine
 
 
 def fit_recording_levels(strategy: ORTStrategy, steps: int = 12) -> RunResult:
@@ -22,8 +22,8 @@ def fit_recording_levels(strategy: ORTStrategy, steps: int = 12) -> RunResult:
 
     class Probe(L.Callback):
         def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
-            levels.append(_compat.memory_optimization_level(trainer.strategy.ort_modules["forward"]))
-            plans.append(_compat.recompute_plans(trainer.strategy.ort_modules["forward"]))
+            levels.append(engine.memory_optimization_level(trainer.strategy.ort_modules["forward"]))
+            plans.append(engine.recompute_plans(trainer.strategy.ort_modules["forward"]))
 
     torch.manual_seed(0)
     result = fit(make_gpt(), char_loader(), strategy, max_steps=steps, callbacks=[Probe()])

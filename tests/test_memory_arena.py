@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_ort
-from lightning_ort import _compat
+from lightning_ort import engine
 
 
 def wide_cnn() -> CNN:
@@ -45,10 +45,10 @@ FAMILIES: list[tuple[Callable[[], Base], Callable[[], DataLoader]]] = [
 
 def _fit_with_arena(make_model: Callable[[], Base], make_loader: Callable[[], DataLoader], arena: bool) -> RunResult:
     torch.manual_seed(0)
-    before = _compat.memory_arena_stats().reuses
+    before = engine.memory_arena_stats().reuses
     result = fit(make_model(), make_loader(), lightning_ort.ORTStrategy(memory_arena=arena), max_steps=8)
     assert_ort_ran(result, 8)
-    reused = _compat.memory_arena_stats().reuses - before
+    reused = engine.memory_arena_stats().reuses - before
     assert (reused > 0) == arena, f"the arena served {reused} allocations with memory_arena={arena}"
     return result
 
@@ -74,16 +74,16 @@ def test_training_with_the_arena_follows_eager() -> None:
 
 def test_teardown_gives_free_blocks_back_and_eager_code_never_uses_the_arena() -> None:
     result = _fit_with_arena(wide_cnn, wide_image_loader, arena=True)
-    after_fit = _compat.memory_arena_stats()
+    after_fit = engine.memory_arena_stats()
     assert after_fit.reserved_bytes == after_fit.in_use_bytes, "free blocks outlived the Trainer"
     del result
     gc.collect()  # gradients the model held go back to the arena now, not during the check below
     gc.disable()
     try:
-        before = _compat.memory_arena_stats()
+        before = engine.memory_arena_stats()
         big = torch.empty(1 << 20)
         del big
-        assert _compat.memory_arena_stats() == before
+        assert engine.memory_arena_stats() == before
     finally:
         gc.enable()
 
@@ -93,11 +93,11 @@ def test_varying_batch_sizes_keep_the_arena_bounded() -> None:
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
     twin = copy.deepcopy(model)
     defaults = lightning_ort.ORTStrategy().runtime_options
-    with_arena = _compat.wrap_module(model, defaults)
-    without = _compat.wrap_module(twin, dataclasses.replace(defaults, memory_arena=False))
+    with_arena = engine.wrap_module(model, defaults)
+    without = engine.wrap_module(twin, dataclasses.replace(defaults, memory_arena=False))
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, twin)]
-    _compat.release_memory_arena()
-    reuses = _compat.memory_arena_stats().reuses
+    engine.release_memory_arena()
+    reuses = engine.memory_arena_stats().reuses
     sizes = torch.randint(8, 400, (24,), generator=torch.Generator().manual_seed(5)).tolist()
     for step, batch in enumerate(sizes):
         x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
@@ -105,7 +105,7 @@ def test_varying_batch_sizes_keep_the_arena_bounded() -> None:
             optimizer.zero_grad()
             F.cross_entropy(call(x), y).backward()
             optimizer.step()
-        stats = _compat.memory_arena_stats()
+        stats = engine.memory_arena_stats()
         assert stats.reserved_bytes <= 2 * stats.peak_in_use_bytes, f"step {step} (batch {batch}): {stats}"
     assert stats.reuses > reuses
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
@@ -124,8 +124,8 @@ class BigLossTemporaries(MLP):
 
 @pytest.mark.parametrize("arena", [True, False], ids=["arena", "no-arena"])
 def test_under_the_strategy_the_whole_step_uses_the_arena(arena: bool) -> None:
-    before = _compat.memory_arena_stats().reuses
+    before = engine.memory_arena_stats().reuses
     result = fit(BigLossTemporaries(), mlp_loader(), lightning_ort.ORTStrategy(memory_arena=arena), max_steps=6)
     assert_ort_ran(result, 6)
-    reused = _compat.memory_arena_stats().reuses - before
+    reused = engine.memory_arena_stats().reuses - before
     assert (reused >= 5) == arena, f"the arena served {reused} allocations with memory_arena={arena}"

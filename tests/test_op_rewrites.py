@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_ort
-from lightning_ort import _compat
+from lightning_ort import engine
 
 STEPS = 6
 
@@ -150,7 +150,7 @@ class GraphRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if not self.nodes and isinstance(trainer.strategy, lightning_ort.ORTStrategy):
-            model = _compat.exported_model(trainer.strategy.ort_modules["forward"], training=True)
+            model = engine.exported_model(trainer.strategy.ort_modules["forward"], training=True)
             self.nodes = [(node.op_type, _operator(node)) for node in model.graph.node]
             producers = {output: node.op_type for node in model.graph.node for output in node.output}
             self.gathered = [

@@ -1,5 +1,5 @@
 """Spatial transformers (``F.affine_grid``, ``F.grid_sample``) and ``F.fold`` train in ORT like eager
-(``_compat/sampling.py``); before, they fell back to PyTorch (no export at opset 17, or no gradient
+(``engine/ops/kernels/sampling.py``); before, they fell back to PyTorch (no export at opset 17, or no gradient
 for ``GridSample`` in ORT)."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from models import CNN, MLP, Base, image_loader, mlp_loader
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_ort import _compat
+from lightning_ort import engine
 
 ATOL = 1e-5
 
@@ -141,7 +141,7 @@ class ExportCounter(L.Callback):
     def _look(self, trainer: L.Trainer) -> None:
         for module in getattr(trainer.strategy, "ort_modules", {}).values():
             for training, seen in self.graphs.items():
-                graph = _compat.exported_model(module, training)
+                graph = engine.exported_model(module, training)
                 if graph is not None and not any(graph is other for other in seen):
                     seen.append(graph)  # kept alive so that `is` stays meaningful
 

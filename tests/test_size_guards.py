@@ -2,11 +2,13 @@
 
 Every Hugging Face model's mask helpers branch on sizes (``if kv_length + kv_offset -
 mask.shape[-1] > 0``); those decisions used to send the whole model to PyTorch. Now each is kept with
-the graph as an expression over the inputs' sizes (``_compat/size_guards.py``), and a call whose sizes
+the graph as an expression over the inputs' sizes (``engine/export/size_guards.py``), and a call whose sizes
 answer one otherwise gets a new export (``ORTModuleReport.size_exports``), never the old graph.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -16,6 +18,7 @@ from helpers import assert_losses_match, assert_ort_ran, fit_both
 from torch.utils.data import DataLoader
 
 from lightning_ort import ORTStrategy
+from lightning_ort.engine.export import export_cache
 
 _VOCAB = 64
 
@@ -242,13 +245,11 @@ def test_a_branch_on_values_that_are_not_the_inputs_alone_still_falls_back(throu
 
 @pytest.mark.parametrize("on", ["values", "sizes"])
 def test_a_guard_is_kept_with_a_cached_export_and_picks_the_cached_graph_that_fits(
-    on: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+    on: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With export_cache=True, the export after a flip must not reuse the cached graph of the other branch (the
     cache's key holds no sizes or values: it used to, and trained the padded batch on the all-ones graph), and a
     second run reusing the cached graphs still checks the branch."""
-    from lightning_ort._compat import export_cache
-
     monkeypatch.setattr(export_cache, "cache_root", lambda: tmp_path)
     if on == "values":
         make, loader = (lambda: _BranchOnMask("sum")), (lambda: _masked_batches((True, False, True)))

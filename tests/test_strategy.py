@@ -20,7 +20,7 @@ from models import MLP, mlp_loader
 
 import lightning_ort
 from lightning_ort import ORTSetupError, ORTStrategy
-from lightning_ort._compat import flavour
+from lightning_ort.engine.bootstrap import flavour
 
 
 def test_registered_as_ort() -> None:
@@ -100,7 +100,7 @@ def test_conflicting_onnxruntime_distributions_are_explained(monkeypatch: pytest
 def test_loading_ort_leaves_the_root_logger_alone() -> None:
     # ORT's modules call logging.basicConfig at import; a fresh process shows whether it leaks.
     code = (
-        "import logging; from lightning_ort import _compat; _compat.ortmodule_package(); "
+        "import logging; from lightning_ort import engine; engine.ortmodule_package(); "
         "root = logging.getLogger(); print(len(root.handlers), root.level)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

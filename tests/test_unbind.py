@@ -14,9 +14,9 @@ from models import Base, sequence_batches
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_ort import _compat
-from lightning_ort._compat.extensions import load_aten_ops
+from lightning_ort import engine
 from lightning_ort.callbacks import ONNXGraphDump
+from lightning_ort.engine.bootstrap.extensions import load_aten_ops
 
 
 class PackedHeads(Base):
@@ -101,7 +101,7 @@ def sequences() -> DataLoader:
 
 def training_operators(directory: Path) -> list[str]:
     model = onnx.load(str(directory / "forward.training.4_optimized.onnx"))
-    return [_compat.aten_operator(node) or node.op_type for node in model.graph.node]
+    return [engine.aten_operator(node) or node.op_type for node in model.graph.node]
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@
 
 - A parameter behind an output the loss does not use (a pooler's output, an auxiliary head used on
   some steps only) has no gradient in eager, and optimizers skip it. ORT returned zeros, so AdamW's
-  weight decay and SGD's momentum moved it, silently (``_compat/unused_outputs.py``).
+  weight decay and SGD's momentum moved it, silently (``engine/runtime/unused_outputs.py``).
 - Two or more outputs that need no gradient (slices of an input, detached activations) crashed in
-  backward: ORT marked only the last of them non-differentiable (``_compat/backward_once.py``).
+  backward: ORT marked only the last of them non-differentiable (``engine/runtime/backward_once.py``).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_output_cones_follow_subgraphs() -> None:
     """A value read only inside an ``If`` branch still counts as an input of the output."""
     from onnx import TensorProto, helper
 
-    from lightning_ort._compat.unused_outputs import output_inputs
+    from lightning_ort.engine.runtime.unused_outputs import output_inputs
 
     branch = helper.make_graph(
         [helper.make_node("Identity", ["w"], ["b_out"])],

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lightning_ort import _compat
+from lightning_ort import engine
 from lightning_ort.guard import ORTGuard, ORTModuleReport
 
 
@@ -18,7 +18,7 @@ from lightning_ort.guard import ORTGuard, ORTModuleReport
 class ORTRunStrategy(Protocol):
     """What the callbacks use of a strategy that runs modules in ORT (``ORTStrategy`` and its variants)."""
 
-    runtime_options: _compat.ORTRuntimeOptions
+    runtime_options: engine.ORTRuntimeOptions
 
     @property
     def ort_modules(self) -> dict[str, torch.nn.Module]: ...

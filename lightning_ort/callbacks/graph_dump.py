@@ -15,10 +15,10 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_ort import _compat
-from lightning_ort._compat import GRAPH_STAGES, GraphStage
+from lightning_ort import engine
 from lightning_ort.callbacks._ort import ORTRunStrategy, ort_strategy, reports_by_name
 from lightning_ort.callbacks.graph_summary import GraphSummary
+from lightning_ort.engine import GRAPH_STAGES, GraphStage
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ONNXGraphDump(Callback):
             return
         for name, ort_module in self._strategy.ort_modules.items():
             if self._configured.get(name) is not ort_module:
-                _compat.save_graphs(ort_module, self._directory / _STAGING, _prefix(name))
+                engine.save_graphs(ort_module, self._directory / _STAGING, _prefix(name))
                 self._configured[name] = ort_module
 
     @override
@@ -159,7 +159,7 @@ class ONNXGraphDump(Callback):
         prefix = _prefix(name)
         graphs = []
         for number, stage in enumerate(GRAPH_STAGES, start=1):
-            saved = _compat.saved_graph_path(staging, prefix, stage, training)
+            saved = engine.saved_graph_path(staging, prefix, stage, training)
             if not saved.is_file():
                 continue
             if stage not in self.stages:

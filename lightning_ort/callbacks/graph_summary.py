@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from lightning_ort import _compat
+from lightning_ort import engine
 
 ATEN_DOMAIN = "org.pytorch.aten"
 # Kernels that ORT's graph optimizers create by fusing several ops (on CPU and CUDA).
@@ -82,7 +82,7 @@ class GraphSummary:
             op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
             summary.op_types[op] += 1
             if node.domain == ATEN_DOMAIN and node.op_type == "ATen":
-                summary.aten_ops[_compat.aten_operator(node) or "?"] += 1
+                summary.aten_ops[engine.aten_operator(node) or "?"] += 1
             if _is_fused(node):
                 summary.fused_ops[op] += 1
         return summary

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_ort import _compat
-from lightning_ort._compat import LOG_LEVELS, NATIVE_LOGGER, PYTHON_LOGGER, LogLevelName
+from lightning_ort import engine
 from lightning_ort.callbacks._ort import ORTRunStrategy, ort_strategy, reports_by_name
+from lightning_ort.engine import LOG_LEVELS, NATIVE_LOGGER, PYTHON_LOGGER, LogLevelName
 
 
 class ORTLogVerbosity(Callback):
@@ -46,9 +46,9 @@ class ORTLogVerbosity(Callback):
         self.level: LogLevelName = level
         self.setup_level: LogLevelName = setup_level or level
         self._strategy: ORTRunStrategy | None = None
-        self._saved_options: _compat.ORTRuntimeOptions | None = None
-        self._route: _compat.PythonLogRoute | None = None
-        self._native = _compat.NativeLogCapture(logging.getLogger(NATIVE_LOGGER))
+        self._saved_options: engine.ORTRuntimeOptions | None = None
+        self._route: engine.PythonLogRoute | None = None
+        self._native = engine.NativeLogCapture(logging.getLogger(NATIVE_LOGGER))
         self._current: LogLevelName | None = None
         self._configured: dict[str, torch.nn.Module] = {}
 
@@ -60,8 +60,8 @@ class ORTLogVerbosity(Callback):
         # ORTStrategy creates its ORTModules after the callbacks' setup, with these options.
         self._saved_options = self._strategy.runtime_options
         self._strategy.runtime_options = dataclasses.replace(self._saved_options, log_level=self.setup_level)
-        self._route = _compat.PythonLogRoute(logging.getLogger(PYTHON_LOGGER), self._native.stderr_elsewhere)
-        _compat.set_python_log_level(self.setup_level)
+        self._route = engine.PythonLogRoute(logging.getLogger(PYTHON_LOGGER), self._native.stderr_elsewhere)
+        engine.set_python_log_level(self.setup_level)
         self._current = None
         self._configured = {}
 
@@ -71,7 +71,7 @@ class ORTLogVerbosity(Callback):
         for name, ort_module in self._strategy.ort_modules.items():
             report = reports[name]
             gave_up = report.fallback_reason if training else report.eval_fallback_reason
-            if gave_up is None and _compat.exported_model(ort_module, training) is None:
+            if gave_up is None and engine.exported_model(ort_module, training) is None:
                 return True
         return False
 
@@ -83,16 +83,16 @@ class ORTLogVerbosity(Callback):
         for name, ort_module in self._strategy.ort_modules.items():
             # ORTStrategy may wrap new modules mid-run (children instead of `forward` after the first step).
             if changed or self._configured.get(name) is not ort_module:
-                _compat.set_log_level(ort_module, level)
+                engine.set_log_level(ort_module, level)
                 self._configured[name] = ort_module
         if changed:
-            _compat.set_python_log_level(level)
+            engine.set_python_log_level(level)
             if self._route is not None:
                 # Below WARNING, torch's export prints the whole graph, which ORT replays as a WARNING.
-                below_warning = _compat.python_level(level) < logging.WARNING
-                self._route.replay_level = _compat.python_level(level) if below_warning else None
+                below_warning = engine.python_level(level) < logging.WARNING
+                self._route.replay_level = engine.python_level(level) if below_warning else None
             self._current = level
-        self._native.start(_compat.python_level(level))
+        self._native.start(engine.python_level(level))
 
     def _end_batch(self) -> None:
         if self._route is not None:

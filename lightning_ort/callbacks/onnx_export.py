@@ -20,11 +20,11 @@ from lightning.pytorch.callbacks import Callback
 from torch.onnx import TrainingMode
 from typing_extensions import override
 
-from lightning_ort import _compat
-from lightning_ort._compat import ArtifactLoss, ArtifactOptimizer
+from lightning_ort import engine
 from lightning_ort.callbacks._ort import ort_bypassed
 from lightning_ort.callbacks.inputs import ForwardInput, exporter_args, flatten
 from lightning_ort.callbacks.snapshot import side_effects_undone
+from lightning_ort.engine import ArtifactLoss, ArtifactOptimizer
 from lightning_ort.errors import ONNXExportError
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ def _plain_export(module: pl.LightningModule) -> Iterator[None]:
     """The user's own PyTorch module, standard ONNX ops, and no note that the exporter is the legacy one."""
     with (
         ort_bypassed(module),
-        _compat.standard_onnx_symbolics(),
-        _compat.attention_fast_path_off(),
+        engine.standard_onnx_symbolics(),
+        engine.attention_fast_path_off(),
         warnings.catch_warnings(),
     ):
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
@@ -183,7 +183,7 @@ class ONNXExport(Callback):
             outputs = flatten(expected, "output")
             self._export(pl_module, args, path, [name for name, _ in inputs], [name for name, _ in outputs])
         model = onnx.load(str(path))
-        odd = _compat.non_standard_ops(model)
+        odd = engine.non_standard_ops(model)
         if odd:
             raise ONNXExportError(
                 f"ONNXExport: {path} contains ops a plain ONNX runtime cannot run: {', '.join(odd)}. "
@@ -279,15 +279,15 @@ class ONNXExport(Callback):
                 "so ORT's training artifacts cannot train them."
             )
         loss_inputs = [outputs[0][0]] if len(outputs) > 1 else None
-        files = _compat.generate_training_artifacts(
+        files = engine.generate_training_artifacts(
             model, trainable, frozen, self.training_loss, self.training_optimizer, directory, loss_inputs
         )
         if self.verify:
-            _compat.check_training_artifacts(directory)
+            engine.check_training_artifacts(directory)
         return files
 
 
 def _run(pl_module: pl.LightningModule, sample: ForwardInput) -> Any:
     """``forward`` on the sample in PyTorch, computed the way the export traces it."""
-    with ort_bypassed(pl_module), _compat.attention_fast_path_off():
+    with ort_bypassed(pl_module), engine.attention_fast_path_off():
         return pl_module(*sample.args, **sample.kwargs)
