@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 from torch.utils import _pytree
 
-from lightning_ort import engine as _compat
+from lightning_ort import engine
 from lightning_ort.adapter import ForwardAdapter
 from lightning_ort.auto_choice import PYTORCH, SpeedChoice
 from lightning_ort.dataclass_io import from_mappings, to_mappings
@@ -245,7 +245,7 @@ class ORTGuard:
         self,
         name: str,
         owner: torch.nn.Module,
-        runtime_options: _compat.ORTRuntimeOptions,
+        runtime_options: engine.ORTRuntimeOptions,
         fallback: FallbackMode,
         break_down: BreakDown | None = None,
         warned: set[str] | None = None,
@@ -262,8 +262,8 @@ class ORTGuard:
         self._exports_due = {True, False}  # the graphs (training: True) whose next call exports them
         self._torch_forward = type(owner).forward.__get__(owner)
         self._adapter = ForwardAdapter.for_module(owner)
-        self._ort_module: torch.nn.Module | None = _compat.wrap_module(self._adapter, runtime_options)
-        self._batch_norms = _compat.batch_counters(owner)
+        self._ort_module: torch.nn.Module | None = engine.wrap_module(self._adapter, runtime_options)
+        self._batch_norms = engine.batch_counters(owner)
         self._graph_autocast: dict[bool, tuple[bool, torch.dtype]] = {}
         self._graph_modes: dict[bool, tuple[bool, ...]] = {}
         self._identities: tuple[int, ...] | None = None  # of the submodules, parameters and buffers ORT reads
@@ -324,14 +324,14 @@ class ORTGuard:
         if self._graph_modes.setdefault(graph, modes) != modes:
             if graph and not training and not self._lasting_modes(modes):
                 return self._in_pytorch(_EVAL_CALL_WITH_GRAD, args, kwargs)
-            if graph and _compat.backward_pending(self._ort_module):
+            if graph and engine.backward_pending(self._ort_module):
                 # a new graph now would free the state that forward's backward needs (SIGSEGV)
                 return self._in_pytorch(_MODES_BEFORE_BACKWARD, args, kwargs)
             log.info("lightning_ort: train/eval modes in %s changed; ORT exports it again", self.report.name)
             self._export_again(graph)
             self._graph_modes[graph] = modes
         self._other_modes = None
-        if _compat.summary_hooks(modules):
+        if engine.summary_hooks(modules):
             return self._in_pytorch(_MODEL_SUMMARY, args, kwargs)
         identities = _identities(modules)
         if identities != self._identities:
@@ -343,30 +343,30 @@ class ORTGuard:
         ort_args, ort_kwargs = to_mappings(args), to_mappings(kwargs)
         if graph:
             inputs = _input_structure(ort_args, ort_kwargs)
-            if self._inputs not in (None, inputs) and _compat.backward_pending(self._ort_module):
+            if self._inputs not in (None, inputs) and engine.backward_pending(self._ort_module):
                 # two calls of one step with other inputs (model(x), then model(x, mask)): an export now
                 # would free the first call's state (a segmentation fault in its backward)
                 return self._in_pytorch(_INPUTS_BEFORE_BACKWARD, args, kwargs)
             self._inputs = inputs
-        changed = _compat.changed_python_read(self._adapter)
+        changed = engine.changed_python_read(self._adapter)
         if changed is not None and self._read_may_export_again():
-            if _compat.backward_pending(self._ort_module):
+            if engine.backward_pending(self._ort_module):
                 return self._in_pytorch(_READ_BEFORE_BACKWARD, args, kwargs)
             self._export_again_for_read(changed)
             changed = None
-        sizes = _compat.changed_size_decision(self._adapter, graph, ort_args, ort_kwargs)
+        sizes = engine.changed_size_decision(self._adapter, graph, ort_args, ort_kwargs)
         if sizes is not None:
-            if graph and _compat.backward_pending(self._ort_module):
+            if graph and engine.backward_pending(self._ort_module):
                 return self._in_pytorch(_SIZES_BEFORE_BACKWARD, args, kwargs)
             if self.report.size_exports >= _MAX_SIZE_EXPORTS:
                 return self._in_pytorch(
                     f"{sizes.split(' (')[0]}, after {_MAX_SIZE_EXPORTS} exports for such", args, kwargs
                 )
             log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, sizes)
-            _compat.forget_size_decisions(self._adapter, graph)
+            engine.forget_size_decisions(self._adapter, graph)
             self._export_again(graph)
             self.report.size_exports += 1
-        _compat.set_training_flag(self._ort_module, graph, training)
+        engine.set_training_flag(self._ort_module, graph, training)
         budget = self._export_timeout if graph in self._exports_due else None
         start = time.perf_counter()
         try:
@@ -381,14 +381,14 @@ class ORTGuard:
             self.report.first_call_seconds = time.perf_counter() - start
         self._exports_due.discard(graph)
         # each layer in train mode, also in the inference graph (test-time adaptation of BatchNorm under no_grad)
-        _compat.advance_batch_counters(self._batch_norms)
-        _compat.refresh_hooked_weights(modules)
+        engine.advance_batch_counters(self._batch_norms)
+        engine.refresh_hooked_weights(modules)
         self.report.ort_calls += 1
         return output
 
     def _export_again(self, graph: bool) -> None:
         assert self._ort_module is not None
-        _compat.export_again(self._ort_module, graph)
+        engine.export_again(self._ort_module, graph)
         self._exports_due.add(graph)
 
     def _by_choice(self, training_call: bool) -> str | None:
@@ -401,7 +401,7 @@ class ORTGuard:
         if (
             self._choice.chosen == PYTORCH
             and self._ort_module is not None
-            and not _compat.backward_pending(self._ort_module)
+            and not engine.backward_pending(self._ort_module)
         ):
             self._ort_module = None
         return reason
@@ -422,7 +422,7 @@ class ORTGuard:
         assert self._ort_module is not None
         layout = _layout(modules)
         if layout != self._layout:
-            if graph and _compat.backward_pending(self._ort_module):
+            if graph and engine.backward_pending(self._ort_module):
                 return False
             log.info(
                 "lightning_ort: submodules, their code or tensor shapes in %s were replaced; ORT exports it again",
@@ -432,7 +432,7 @@ class ORTGuard:
                 self._export_again(either)
             self._layout = layout
         self._adapter.take_owner_state()
-        _compat.read_module_tensors_again(self._ort_module)
+        engine.read_module_tensors_again(self._ort_module)
         return True
 
     def _in_pytorch(self, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -453,7 +453,7 @@ class ORTGuard:
     def _export_again_for_read(self, changed: str) -> None:
         assert self._ort_module is not None
         log.info("lightning_ort: in %s, %s; ORT exports it again", self.report.name, changed.split("; ")[0])
-        _compat.forget_python_reads(self._adapter)
+        engine.forget_python_reads(self._adapter)
         for either in (True, False):
             self._export_again(either)
         self._read_export_call = self.report.ort_calls
@@ -469,7 +469,7 @@ class ORTGuard:
                 "change (exporting on nearly every call would cost more than PyTorch). Fix:"
             )
             problem = problem.replace(". Fix:", again, 1)
-        problem = problem or _compat.hooks_problem(self.owner, modules)
+        problem = problem or engine.hooks_problem(self.owner, modules)
         if problem is not None:
             raise ORTUnsupportedModelError(problem)
 

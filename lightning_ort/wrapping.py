@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_ort import engine as _compat
+from lightning_ort import engine
 from lightning_ort.auto_choice import MODES, Mode, SpeedChoice
 from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
 from lightning_ort.memory import validate_memory_options
@@ -40,7 +40,7 @@ LogLevel = Literal[
     "verbose", "debug", "info", "warning", "error", "fatal", "critical",
 ]  # fmt: skip
 # ORT's level for each accepted name, in either case: Python's DEBUG and CRITICAL are ORT's lowest and highest.
-_LOG_LEVELS: dict[str, _compat.LogLevelName] = {
+_LOG_LEVELS: dict[str, engine.LogLevelName] = {
     "VERBOSE": "VERBOSE", "DEBUG": "VERBOSE", "INFO": "INFO", "WARNING": "WARNING",
     "ERROR": "ERROR", "FATAL": "FATAL", "CRITICAL": "FATAL",
 }  # fmt: skip
@@ -55,11 +55,11 @@ class ORTStrategyMixin(Strategy):
     """
 
     modules: list[str] | None
-    log_level: _compat.LogLevelName
+    log_level: engine.LogLevelName
     fallback: FallbackMode
     custom_autograd: bool | None
     fused_optimizer: bool
-    runtime_options: _compat.ORTRuntimeOptions
+    runtime_options: engine.ORTRuntimeOptions
     fullgraph: bool
     export_timeout: float | None
     mode: Mode
@@ -148,7 +148,7 @@ class ORTStrategyMixin(Strategy):
         self.fused_optimizer = fused_optimizer
         self.fullgraph = fullgraph
         self.export_timeout = None if export_timeout is None else float(export_timeout)
-        self.runtime_options = _compat.ORTRuntimeOptions(
+        self.runtime_options = engine.ORTRuntimeOptions(
             log_level=level,
             intra_op_num_threads=intra_op_num_threads,
             allow_spinning=allow_spinning,
@@ -242,9 +242,9 @@ class ORTStrategyMixin(Strategy):
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
-        _compat.check_installation()
-        _compat.check_device(self.root_device)
-        _compat.ortmodule_package()
+        engine.check_installation()
+        engine.check_device(self.root_device)
+        engine.ortmodule_package()
         super().setup(trainer)
 
     @override
@@ -264,7 +264,7 @@ class ORTStrategyMixin(Strategy):
         self._install(model, selection)
 
     def _install(self, model: pl.LightningModule, names: list[str]) -> None:
-        _compat.custom_function_support(self.custom_autograd)
+        engine.custom_function_support(self.custom_autograd)
         break_down = None if self.fullgraph else self._break_down
         for name in names:
             owner = model if name == FORWARD else model.get_submodule(name)
@@ -315,7 +315,7 @@ class ORTStrategyMixin(Strategy):
     def _memory_arena(self) -> contextlib.AbstractContextManager[None]:
         """On the CPU, the arena serves the whole step (loss, backward, optimizer, user code), not only
         ORT's graph runs: eager code around the graph page-faults the same way."""
-        return _compat.memory_arena_scope(self.runtime_options.memory_arena and self.root_device.type == "cpu")
+        return engine.memory_arena_scope(self.runtime_options.memory_arena and self.root_device.type == "cpu")
 
     @override
     def optimizer_step(
@@ -372,9 +372,9 @@ class ORTStrategyMixin(Strategy):
     @override
     def teardown(self) -> None:
         self._teardown_guards()
-        _compat.release_memory_arena()
+        engine.release_memory_arena()
         # ORT's export rules would make a later LightningModule.to_onnx write nodes only ORT's training build runs
-        _compat.remove_training_symbolics()
+        engine.remove_training_symbolics()
         super().teardown()
 
     @override
