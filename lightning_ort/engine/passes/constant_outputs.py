@@ -10,6 +10,8 @@ ORT cannot fold: the constant plus zero times a symbolic dimension of an input (
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx
 from onnx import TensorProto, helper
 
@@ -19,23 +21,28 @@ _NUMERIC = {
 }  # fmt: skip
 
 
-def _constant_source(graph: onnx.GraphProto, name: str) -> bool:
-    """Whether ``name`` is a ``Constant`` node's output, or an initializer, through ``Identity`` nodes."""
+def _constant_sources(graph: onnx.GraphProto) -> Callable[[str], bool]:
+    """Whether a value is a ``Constant`` node's output, or an initializer, through ``Identity`` nodes; the
+    graph's producers and initializers are indexed once for all the outputs asked about."""
     producers = {output: node for node in graph.node for output in node.output}
     initializers = {initializer.name for initializer in graph.initializer}
     inputs = {value.name for value in graph.input}
-    for _ in range(100):
-        if name in initializers and name not in inputs:
-            return True
-        node = producers.get(name)
-        if node is None:
-            return False
-        if node.op_type == "Constant":
-            return True
-        if node.op_type != "Identity":
-            return False
-        name = node.input[0]
-    return False
+
+    def constant(name: str) -> bool:
+        for _ in range(100):
+            if name in initializers and name not in inputs:
+                return True
+            node = producers.get(name)
+            if node is None:
+                return False
+            if node.op_type == "Constant":
+                return True
+            if node.op_type != "Identity":
+                return False
+            name = node.input[0]
+        return False
+
+    return constant
 
 
 def _symbolic_input(graph: onnx.GraphProto) -> tuple[str, int] | None:
@@ -54,10 +61,9 @@ def keep_constant_outputs_computed(model: onnx.ModelProto) -> list[str]:
     """Give each graph output that is a numeric constant a producer ORT's optimizer cannot fold; returns their
     names. Outputs of other types, or graphs without an input of unknown size, are left as they are."""
     graph = model.graph
+    is_constant = _constant_sources(graph)
     constant = [
-        output
-        for output in graph.output
-        if output.type.tensor_type.elem_type in _NUMERIC and _constant_source(graph, output.name)
+        output for output in graph.output if output.type.tensor_type.elem_type in _NUMERIC and is_constant(output.name)
     ]
     symbolic = _symbolic_input(graph) if constant else None
     if symbolic is None:
