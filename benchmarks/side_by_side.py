@@ -30,16 +30,6 @@ import zoo_harness  # noqa: E402
 from workloads import Unavailable, Workload, call, workloads  # noqa: E402
 
 
-def _module_class(workload: Workload) -> type:
-    class WorkloadModule(zoo_harness.ZooModule):
-        """The zoo's LightningModule with the workload's optimizer instead of plain SGD."""
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return workload.make_optimizer(list(self.parameters()))
-
-    return WorkloadModule
-
-
 def measure(workload: Workload, steps: int, skip: int) -> dict[str, Any]:
     def loss(module: Any, batch: Any) -> torch.Tensor:
         x, y = batch
@@ -52,13 +42,9 @@ def measure(workload: Workload, steps: int, skip: int) -> dict[str, Any]:
         loss,
         zoo_harness.Expect("all"),
         ort_options={"mode": "ort"},  # whatever the strategy's default mode
+        optimizer=workload.make_optimizer,
     )
-    original = zoo_harness.ZooModule
-    zoo_harness.ZooModule = _module_class(workload)
-    try:
-        result = zoo_harness.run_model(row, steps=steps, runs=("eager", "ort"), alternate=True)
-    finally:
-        zoo_harness.ZooModule = original
+    result = zoo_harness.run_model(row, steps=steps, runs=("eager", "ort"), alternate=True)
     eager, ort = result.median_step("eager", skip), result.median_step("ort", skip)
     losses = zip(result.runs["eager"].losses, result.runs["ort"].losses, strict=True)
     return {

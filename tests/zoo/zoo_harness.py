@@ -83,6 +83,8 @@ class ZooModel:
         expect: the outcome the test holds it to.
         ort_options: arguments of ``ORTStrategy`` for the ORT fit (none: ``strategy="ort"`` as a user writes it).
         lr: SGD's learning rate.
+        optimizer: builds the optimizer from the parameters instead of plain SGD at ``lr`` (the benchmark's
+            workloads train with their own).
         note: anything the row does differently from a user's defaults, and why.
     """
 
@@ -93,6 +95,7 @@ class ZooModel:
     expect: Expect
     ort_options: dict[str, Any] = field(default_factory=dict)
     lr: float = LR
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
     note: str = ""
 
     def strategy(self) -> lightning_ort.ORTStrategy | str:
@@ -101,13 +104,21 @@ class ZooModel:
 
 class ZooModule(L.LightningModule):
     """A LightningModule around a zoo network: ``forward`` calls the network, a step takes the row's loss,
-    SGD without momentum (so every difference in the losses comes from the forward and backward)."""
+    SGD without momentum (so every difference in the losses comes from the forward and backward), unless the
+    row brings its own ``optimizer``."""
 
-    def __init__(self, network: nn.Module, loss: Callable[[L.LightningModule, Any], Tensor], lr: float = LR) -> None:
+    def __init__(
+        self,
+        network: nn.Module,
+        loss: Callable[[L.LightningModule, Any], Tensor],
+        lr: float = LR,
+        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    ) -> None:
         super().__init__()
         self.network = network
         self._loss = loss
         self.lr = lr
+        self._optimizer = optimizer
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.network(*args, **kwargs)
@@ -116,6 +127,8 @@ class ZooModule(L.LightningModule):
         return self._loss(self, batch)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self._optimizer is not None:
+            return self._optimizer(list(self.parameters()))
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
@@ -320,7 +333,7 @@ def run_model(
     batches = [model.batch(generator) for _ in range(steps)]
     modules = {}
     for name in runs:
-        modules[name] = ZooModule(copy.deepcopy(network), model.loss, model.lr)
+        modules[name] = ZooModule(copy.deepcopy(network), model.loss, model.lr, model.optimizer)
         if name == "ulp":
             perturb_by_one_ulp(modules[name])
     results = {name: Run(name) for name in runs}
