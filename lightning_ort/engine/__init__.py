@@ -29,7 +29,7 @@ from lightning_ort.engine.export.size_guards import forget_graph as forget_size_
 from lightning_ort.engine.export.trace_checks import hooks_problem, refresh_hooked_weights, summary_hooks
 from lightning_ort.engine.ops.kernels.batchnorm import advance_batch_counters, batch_counters
 from lightning_ort.engine.ops.kernels.gradient_overloads import aten_operator
-from lightning_ort.engine.runtime import patches as _patches
+from lightning_ort.engine.runtime import hooks as _hooks
 from lightning_ort.engine.runtime.deploy import (
     ArtifactLoss,
     ArtifactOptimizer,
@@ -72,7 +72,7 @@ from lightning_ort.engine.runtime.ortmodule import (
 # The lower modules take what sits above them by registration, so that no import goes back up:
 # the loader installs the hooks into ORT once it imports ORT, and the extensions register the custom-Function
 # runner's interop module under the name ORT imports.
-_loader.run_after_import(_patches.install)
+_loader.run_after_import(_hooks.install)
 _extensions.provide_interop_module(_custom_function.interop_module)
 
 __all__ = [

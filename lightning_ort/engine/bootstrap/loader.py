@@ -19,7 +19,7 @@ from lightning_ort.errors import ORTSetupError
 
 _ORTMODULE = "onnxruntime.training.ortmodule"
 
-# Run once, after ORT's training frontend is imported: the hooks into ORT (runtime's patches.install), which
+# Run once, after ORT's training frontend is imported: the hooks into ORT (runtime's hooks.install), which
 # sit above this module and are handed in by lightning_ort's engine package instead of imported here.
 _after_import: list[Callable[[], None]] = []
 

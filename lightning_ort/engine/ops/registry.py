@@ -10,7 +10,7 @@ table against the C++ definitions (drift) and against the places that read it.
 Not yet here: the shape rules the families declare themselves (``reductions.REDUCED_DIMS``,
 ``*.SAME_SHAPE_OPERATORS``, ``sampling.OUTPUT_SHAPES``), the gradient overloads added at registration
 (``gradient_overloads.add_operator``), the families' symbolics and ``register()`` calls
-(``runtime/patches.py``), and the list of C++ files the build compiles (``bootstrap/extensions.py``, which
+(``runtime/hooks.py``), and the list of C++ files the build compiles (``bootstrap/extensions.py``, which
 sits below this layer and cannot read it; the drift test compares them).
 """
 

@@ -9,17 +9,17 @@ redirected stderr, so both obey the user's ``logging`` configuration.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import IO, Any, Literal
+from typing import IO, Literal
 
 import torch
 
+from lightning_ort.engine.runtime import settings
 from lightning_ort.engine.runtime.ortmodule import _execution_managers
 
 LogLevelName = Literal["VERBOSE", "INFO", "WARNING", "ERROR", "FATAL"]
@@ -29,8 +29,6 @@ ORT_PYTHON_LOGGER = "orttraining"
 # Where lightning_ort logs what ORT writes: its Python frontend's records and its native runtime's lines.
 PYTHON_LOGGER = "lightning_ort.ort"
 NATIVE_LOGGER = "lightning_ort.ort.native"
-# Session log severity chosen by lightning_ort, stored on ORT's execution managers.
-NATIVE_SEVERITY_ATTR = "_lightning_ort_native_severity"
 
 _PYTHON_LEVELS = {
     "VERBOSE": logging.DEBUG,
@@ -60,25 +58,6 @@ def python_level(level: LogLevelName) -> int:
     return _PYTHON_LEVELS[level]
 
 
-@functools.cache
-def _install_native_severity_hook() -> None:
-    """ORT sets a session's log severity to ``int(LogLevel)``, which is one level off its own table
-    (LogLevel.WARNING is severity ERROR); sessions of configured modules get the table's severity."""
-    from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager
-
-    original = GraphExecutionManager._get_session_config
-
-    @functools.wraps(original)
-    def _get_session_config(self: Any) -> Any:
-        session_options, providers, provider_options = original(self)
-        severity = getattr(self, NATIVE_SEVERITY_ATTR, None)
-        if severity is not None:
-            session_options.log_severity_level = severity
-        return session_options, providers, provider_options
-
-    GraphExecutionManager._get_session_config = _get_session_config  # type: ignore[method-assign]
-
-
 def set_log_level(ort_module: torch.nn.Module, level: LogLevelName) -> None:
     """Set the verbosity of ``ort_module``: its Python logger, graph builder and native sessions.
 
@@ -87,13 +66,13 @@ def set_log_level(ort_module: torch.nn.Module, level: LogLevelName) -> None:
     """
     from onnxruntime.training.ortmodule._logger import LogLevel
 
-    _install_native_severity_hook()
     ort_level = LogLevel[level]
     for manager in _execution_managers(ort_module):
         options = manager._debug_options  # shared by the module's managers and graph transition managers
         options.log_level = ort_level
         options._logging._log_level = ort_level  # read when graphs and sessions are (re)built
-        setattr(manager, NATIVE_SEVERITY_ATTR, _NATIVE_SEVERITIES[level])
+        # ORT would set int(LogLevel), one level off its own table (LogLevel.WARNING is severity ERROR)
+        settings.update(manager, log_severity=_NATIVE_SEVERITIES[level])
     logging.getLogger(ORT_PYTHON_LOGGER).setLevel(python_level(level))
 
 

@@ -5,7 +5,7 @@ torch kernels lightning_ort runs inside the same graphs (ATen nodes: op_rewrites
 allocate through torch's CPU allocator, that is malloc, which gives large blocks back to the system
 when a step frees them and page-faults them in again in the next step. While ORT runs a graph of a
 module wrapped with ``memory_arena=True``, those allocations come from lightning_ort's arena instead
-(see :func:`arena_scope`, used around ORT's graph runs by ``patches.py``, and around whole steps by
+(see :func:`arena_scope`, used around ORT's graph runs by ``session_hooks.py``, and around whole steps by
 the strategies on the CPU).
 """
 

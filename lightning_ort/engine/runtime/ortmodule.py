@@ -6,6 +6,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import onnx
@@ -13,17 +14,7 @@ import torch
 
 from lightning_ort.engine.bootstrap.loader import ortmodule_package
 from lightning_ort.engine.runtime import backward_once, memory_arena
-from lightning_ort.engine.runtime.patches import (
-    ATTENTION_FUSION_ATTR,
-    CHANNELS_LAST_ATTR,
-    EXPORT_CACHE_ATTR,
-    INTRA_OP_THREADS_ATTR,
-    MEMORY_ARENA_ATTR,
-    OP_REWRITES_ATTR,
-    PROFILE_PREFIX_ATTR,
-    SESSION_ENTRIES_ATTR,
-    UNBIND_ATTR,
-)
+from lightning_ort.engine.runtime.settings import ModuleSettings, attach
 
 
 @dataclass(frozen=True)
@@ -71,9 +62,28 @@ class ORTRuntimeOptions:
         return self.memory_optimization_level > 0 or bool(self.memory_optimizer_config)
 
     def session_entries(self) -> dict[str, str]:
+        """``SessionOptions`` config entries: thread spinning, then :attr:`session_config`."""
         entries = {"session.intra_op.allow_spinning": "1" if self.allow_spinning else "0"}
         entries.update(self.session_config)
         return entries
+
+    def module_settings(self, module: torch.nn.Module, arena: bool) -> ModuleSettings:
+        """These options resolved for ``module`` (``op_rewrites=None`` decided by its device), with the memory
+        arena on only if ``arena`` (it serves allocations in this process)."""
+        rewrites = self.op_rewrites
+        if rewrites is None:
+            rewrites = not self.memory_optimized and all(tensor.device.type == "cpu" for tensor in module.parameters())
+        return ModuleSettings(
+            op_rewrites=rewrites,
+            export_cache=self.export_cache,
+            channels_last=rewrites and self.channels_last,
+            unbind=rewrites,
+            fuse_attention=rewrites and self.fuse_attention,
+            memory_arena=self.memory_arena and arena,
+            session_entries=MappingProxyType(self.session_entries()),
+            intra_op_num_threads=self.intra_op_num_threads,
+            profile_file_prefix=self.profile_file_prefix,
+        )
 
 
 @contextlib.contextmanager
@@ -113,25 +123,14 @@ def wrap_module(module: torch.nn.Module, options: ORTRuntimeOptions) -> torch.nn
         raise RuntimeError(f"ORTModule could not be created: {ort_module._fallback_manager._exception}")
     from onnxruntime.training.ortmodule.options import _SkipCheck
 
-    rewrites = options.op_rewrites
-    if rewrites is None:
-        rewrites = not options.memory_optimized and all(tensor.device.type == "cpu" for tensor in module.parameters())
-    setattr(ort_module._torch_module._flattened_module, OP_REWRITES_ATTR, rewrites)
-    setattr(ort_module._torch_module._flattened_module, EXPORT_CACHE_ATTR, options.export_cache)
-    arena = options.memory_arena and memory_arena.install()
+    settings = options.module_settings(module, arena=options.memory_arena and memory_arena.install())
+    attach(settings, ort_module._torch_module._flattened_module, *_execution_managers(ort_module))
     training_manager = _execution_managers(ort_module)[0]
     _apply_memory_options(training_manager._runtime_options, options)
     for manager in _execution_managers(ort_module):
         # ORT's default "fast path" never looks at the inputs or at requires_grad again after the
         # first step, so a new input key or a layer unfrozen mid-training would go unnoticed.
         manager._runtime_options.skip_check = _SkipCheck.SKIP_CHECK_DISABLED
-        setattr(manager, SESSION_ENTRIES_ATTR, options.session_entries())
-        setattr(manager, INTRA_OP_THREADS_ATTR, options.intra_op_num_threads)
-        setattr(manager, PROFILE_PREFIX_ATTR, options.profile_file_prefix)
-        setattr(manager, CHANNELS_LAST_ATTR, rewrites and options.channels_last)
-        setattr(manager, UNBIND_ATTR, rewrites)
-        setattr(manager, ATTENTION_FUSION_ATTR, rewrites and options.fuse_attention)
-        setattr(manager, MEMORY_ARENA_ATTR, arena)
     return ort_module
 
 

@@ -127,7 +127,7 @@ def _export_refusals_name_python_numbers() -> None:
 
 
 def install() -> None:
-    """Install the hooks above (after patches.py's own wrappers of the same ORT functions)."""
+    """Install the hooks above (last in ``hooks.HOOKS``: around the other hooks on the same ORT functions)."""
     _bool_arguments_as_python_bools()
     _python_numbers_in_reprocess_check()
     _export_refusals_name_python_numbers()
