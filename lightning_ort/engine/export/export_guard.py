@@ -13,11 +13,13 @@ import torch
 from lightning_ort.engine.export import hf_attention, python_reads, size_guards, trace_checks
 from lightning_ort.engine.export.checks import (
     buffer_writes,
+    checkpointed_norms,
     custom_functions,
     forward_side_effects,
     frozen_numbers,
     grad_modes,
     module_patterns,
+    python_random_draws,
     traced_call_checks,
     tracer_warnings,
 )
@@ -103,8 +105,8 @@ RECORDERS: tuple[Recorder, ...] = (
     custom_functions.AUTOGRAD_FUNCTIONS,
     grad_modes.GRAD_REGIONS,
     forward_side_effects.STORED_TENSORS,
-    frozen_numbers.RANDOM_DRAWS,
-    buffer_writes.CHECKPOINTED_NORMS,
+    python_random_draws.RANDOM_DRAWS,
+    checkpointed_norms.CHECKPOINTED_NORMS,
 )
 
 # Asked in this order; the first problem found is the refusal. Checks ``before_export`` run before any
@@ -118,8 +120,8 @@ EXPORT_CHECKS: tuple[ExportCheck, ...] = (
     custom_functions.CUSTOM_FUNCTIONS,
     grad_modes.GRAD_SWITCHED_OFF,
     grad_modes.NO_GRAD_REGIONS,
-    buffer_writes.CHECKPOINTED_RUNNING_STATISTICS,
-    frozen_numbers.PYTHON_RANDOM_DRAWS,
+    checkpointed_norms.CHECKPOINTED_RUNNING_STATISTICS,
+    python_random_draws.PYTHON_RANDOM_DRAWS,
     forward_side_effects.TENSORS_STORED_ON_MODULE,
     forward_side_effects.PYTHON_ATTRIBUTES,
     buffer_writes.BUFFER_UPDATES,

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from lightning_ort.engine.export.checkpoint_regions import checkpointed_running_statistics
 from lightning_ort.engine.export.checks.export_check import ExportCheck, ExportContext, Recorder
 from lightning_ort.engine.export.tracing_state import untraced
 from lightning_ort.engine.export.user_code import user_name
@@ -133,22 +132,6 @@ def _traced_batch_norm_calls(context: ExportContext) -> Iterator[None]:
 
 # not a check: what the runtime's BatchNorm kernels need to advance num_batches_tracked as eager does
 BATCH_NORM_CALLS = Recorder("batch_norm_calls", _traced_batch_norm_calls)
-CHECKPOINTED_NORMS = Recorder("checkpointed_norms", lambda context: checkpointed_running_statistics(context.module))
-
-
-def _checkpointed_norms(context: ExportContext) -> str | None:
-    norms = context[CHECKPOINTED_NORMS]
-    if not norms:
-        return None
-    return (
-        f"normalization layer(s) {', '.join(norms)} update running statistics inside "
-        "torch.utils.checkpoint(use_reentrant=False); eager PyTorch updates them twice per step (again when it "
-        "recomputes the checkpointed function in backward), ORT's graph once. Fix: keep BatchNorm out of the "
-        "checkpointed function, or keep that module out of ORT with ORTStrategy(modules=[...])"
-    )
-
-
-CHECKPOINTED_RUNNING_STATISTICS = ExportCheck("checkpointed_norms", _checkpointed_norms, reads=(CHECKPOINTED_NORMS,))
 # an in-place update (buffer.copy_(...)) is also what torch fails to export: then it is the refusal
 BUFFER_UPDATES = ExportCheck(
     "buffer_updates",

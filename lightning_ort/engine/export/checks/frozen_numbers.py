@@ -1,15 +1,14 @@
 """Checks on Python numbers the trace freezes at the first batch's value: a tensor (or a size) turned into an
-index, an iteration over a dimension whose size changes, and a Python or NumPy random draw."""
+index, and an iteration over a dimension whose size changes (random draws: ``python_random_draws.py``)."""
 
 from __future__ import annotations
 
-from lightning_ort.engine.export import python_random, trace_checks
+from lightning_ort.engine.export import trace_checks
 from lightning_ort.engine.export.checks.export_check import ExportCheck, ExportContext, Recorder
 from lightning_ort.engine.export.user_code import user_frame
 
 INDEX_CONVERSIONS = Recorder("index_conversions", lambda context: trace_checks.index_conversions(user_frame))
 ITERATIONS = Recorder("iterations", lambda context: trace_checks.varying_iterations(user_frame))
-RANDOM_DRAWS = Recorder("random_draws", lambda context: python_random.random_draws(user_frame))
 
 
 def _index_conversions(context: ExportContext) -> str | None:
@@ -37,18 +36,5 @@ def _iterations(context: ExportContext) -> str | None:
     )
 
 
-def _random_draws(context: ExportContext) -> str | None:
-    draws = context[RANDOM_DRAWS]
-    if not draws:
-        return None
-    return (
-        f"its forward draws a Python or NumPy random number at {draws[0]}; the export keeps the number drawn "
-        "then, so every later step would take the same branch or value. Fix: draw with torch inside the "
-        "computation (torch.rand(()) < p as a tensor mask, nn.Dropout), pass the number to forward as a tensor, "
-        "or keep that module out of ORT with ORTStrategy(modules=[...])"
-    )
-
-
 INDEX_CONVERSION = ExportCheck("index_conversions", _index_conversions, reads=(INDEX_CONVERSIONS,))
 VARYING_ITERATIONS = ExportCheck("varying_iterations", _iterations, reads=(ITERATIONS,))
-PYTHON_RANDOM_DRAWS = ExportCheck("python_random_draws", _random_draws, reads=(RANDOM_DRAWS,))
