@@ -59,12 +59,12 @@ def test_export_guard_records_functions_whichever_apply_torch_defines(
 ) -> None:
     """torch 2.13 defines ``Function.apply`` as a Python classmethod, 2.14 and newer as
     ``_C._FunctionBase``'s C classmethod (no ``__func__``); the export guard's wrapper calls either."""
-    from lightning_ort.engine.export.export_guard import _record_autograd_functions
+    from lightning_ort.engine.export.checks.custom_functions import record_autograd_functions
 
     apply = owner.__dict__["apply"]
     monkeypatch.setattr(torch.autograd.Function, "apply", apply)
     x = torch.ones(3, requires_grad=True)
-    with _record_autograd_functions() as seen:
+    with record_autograd_functions() as seen:
         y = Double.apply(x)
     assert torch.autograd.Function.__dict__["apply"] is apply
     y.sum().backward()

@@ -12,6 +12,10 @@ If the value changes later, eager PyTorch computes with the new one and ORT's gr
 one, silently. :func:`recorded_reads` records what the trace read, and :func:`changed_read` tells,
 before each call, whether one of those values has changed since; the guard then has ORT export
 again (after :func:`forget_reads`), or hands the module to PyTorch if the value changes too often.
+
+Over 300 lines because recording a read (:func:`recorded_reads`) and checking it before each call
+(:func:`changed_read`, and from a cached export's record) walk the same kinds of values (configs, containers,
+module globals) with shared helpers; splitting them would split those helpers.
 """
 
 from __future__ import annotations

@@ -5,20 +5,17 @@ Each one trained silently differently from eager PyTorch before it was checked:
 - a tensor turned into a Python integer by ``__index__`` (``for t in range(x.shape[1])``, a list
   index): under the tracer a size is a tensor, and ``range()`` reads it without the warning
   ``int()`` gives, so a loop over the sequence length stayed unrolled for the first batch's length;
-- a parameter changed in place by ``forward`` (``nn.Embedding(max_norm=...)`` renormalises the rows
-  it looks up): the graph computes with the change but never writes it back;
 - Python forward hooks and pre-hooks on submodules: they run during the export only, so features
   captured by a hook were stale (weight normalisation and pruning hooks, which compute a weight
   from parameters, become part of the graph and are fine);
-- embeddings with ``sparse=True``: ORT computes dense gradients;
-- an input changed in place by ``forward`` (``x.mul_(2)``, ``x[:, 0] = 0``): ORT's graph works on
-  its own copy, so the caller's tensor stayed unchanged where eager changes it;
 - iteration over a tensor's dimension whose size can change (``for row in x``): the trace holds one
   part per element of the first batch, and where no part reaches the graph (``sum(1 for _ in x)``)
   the frozen count went unnoticed. Iterating over a constant size (``q, k, v = qkv``) is allowed.
 
 ``traced_calls.py`` finds the patterns that need every torch call's arguments (pooling sizes, splits
-counted but unused).
+counted but unused). The refusals, with their messages, are the export checks in ``checks/``
+(``frozen_numbers.py``); parameters and inputs changed in place, sparse embeddings and the like are
+checked there too.
 """
 
 from __future__ import annotations
@@ -194,59 +191,6 @@ def tensor_version(tensor: torch.Tensor) -> int | bytes:
     if tensor.is_inference():
         return tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
     return tensor._version
-
-
-def parameter_versions(module: torch.nn.Module) -> dict[str, int]:
-    """Every parameter's in-place modification counter."""
-    return {name: parameter._version for name, parameter in module.named_parameters()}
-
-
-def changed_in_place(module: torch.nn.Module, versions: dict[str, int]) -> list[str]:
-    """Parameters modified in place since ``versions`` was taken."""
-    return [name for name, parameter in module.named_parameters() if versions.get(name, -1) != parameter._version]
-
-
-@contextlib.contextmanager
-def input_copies() -> Iterator[list[tuple[torch.Tensor, int]]]:
-    """The copies of the module's input tensors ORT's export runs the forward on, with their
-    in-place modification counters when copied."""
-    from onnxruntime.training.ortmodule import _io
-
-    copies: list[tuple[torch.Tensor, int]] = []
-    original = _io.deepcopy_model_input
-
-    def deepcopy_model_input(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        values = (*result[0], *result[1].values())
-        # inference tensors (torch.inference_mode(): predict, validate) have no counter and go unchecked
-        copies.extend(
-            (value, value._version) for value in values if torch.is_tensor(value) and not value.is_inference()
-        )
-        return result
-
-    _io.deepcopy_model_input = deepcopy_model_input
-    try:
-        yield copies
-    finally:
-        _io.deepcopy_model_input = original
-
-
-def changed_inputs(copies: list[tuple[torch.Tensor, int]]) -> bool:
-    """Whether the forward changed any of ``copies`` in place."""
-    return any(tensor._version != version for tensor, version in copies)
-
-
-def sparse_embeddings(module: torch.nn.Module) -> list[str]:
-    """Embedding layers with ``sparse=True``."""
-    layers = (torch.nn.Embedding, torch.nn.EmbeddingBag)
-    return [name for name, layer in module.named_modules() if isinstance(layer, layers) and layer.sparse]
-
-
-def updating_spectral_norms(module: torch.nn.Module) -> list[str]:
-    """``parametrizations.spectral_norm`` layers in training mode, which update their ``_u`` and ``_v`` in place."""
-    from torch.nn.utils.parametrizations import _SpectralNorm
-
-    return [name for name, layer in module.named_modules() if isinstance(layer, _SpectralNorm) and layer.training]
 
 
 def _forward_hooks(module: torch.nn.Module) -> list[Any]:

@@ -36,6 +36,9 @@ on the forward's tensors (``h.register_hook(...)``, ``retain_grad()``), which le
 graph and silently never ran, and reads of ``Tensor.requires_grad`` in the user's code: the export
 runs with gradients off, so a branch on it (``if h.requires_grad: h.register_hook(...)``) took the
 no-gradient path for good.
+
+Over 300 lines because one torch function mode (:class:`TracedCalls`) sees every call once and applies
+all these patterns to it; their argument tables and helpers are what the mode reads.
 """
 
 from __future__ import annotations

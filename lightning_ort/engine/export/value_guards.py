@@ -5,7 +5,7 @@ graph holds it only. When the branch's value is a function of the graph's inputs
 buffer, nothing random), :mod:`size_guards` keeps it as a guard like a branch on sizes: this module follows
 the trace back from the branch's 0-d tensor to the inputs, through the pure tensor operators of
 :data:`_OPERATORS`, and writes the computation into the size program as nodes that
-:func:`size_guards.evaluate` runs on each call's inputs (a few small tensor operations on the mask, not the
+:func:`size_programs.evaluate` runs on each call's inputs (a few small tensor operations on the mask, not the
 model). When the answer differs from the export's, ORT exports again (bounded with the size guards).
 
 Anything else on the way (a parameter, a buffer, an operator not listed, a tensor constant) stays refused
@@ -14,9 +14,9 @@ by the export's checks: a guard that could miss a flip would train silently wron
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from lightning_ort.engine.export.traced_sizes import SizeFollower
 
 # Deterministic operators without state whose result depends on their operands only
 _OPERATORS = frozenset(
@@ -36,8 +36,8 @@ class NotAnInputValue(Exception):
     """The branch's value depends on something other than the inputs (its message: what)."""
 
 
-def follow(follower: Any, value: torch._C.Value, depth: int = 0) -> int:
-    """The position in ``follower``'s program (a :class:`size_guards._Follower`) of the node computing
+def follow(follower: SizeFollower, value: torch._C.Value, depth: int = 0) -> int:
+    """The position in ``follower``'s program of the node computing
     ``value`` from the inputs' sizes and values.
 
     Raises:
@@ -53,10 +53,10 @@ def follow(follower: Any, value: torch._C.Value, depth: int = 0) -> int:
     node = value.node()
     kind = node.kind()
     if kind == "prim::Param":
-        where = follower.inputs.get(value.unique())
-        if where is None:
+        position = follower.input_node(value)
+        if position is None:
             raise NotAnInputValue("a parameter or buffer")
-        return follower._node("input", *where)
+        return position
     if kind in _PASSING:
         return follow(follower, node.inputsAt(0), depth + 1)
     if kind not in _OPERATORS:
@@ -68,32 +68,16 @@ def follow(follower: Any, value: torch._C.Value, depth: int = 0) -> int:
         tensor = isinstance(argument.type, torch._C.TensorType)
         spec.append(("" if not argument.kwarg_only else argument.name, tensor))
         operands.append(_operand(follower, operand, depth))
-    return follower._node("aten", schema.name.partition("::")[2], schema.overload_name, tuple(spec), *operands)
+    return follower.node("aten", schema.name.partition("::")[2], schema.overload_name, tuple(spec), *operands)
 
 
-def _operand(follower: Any, operand: torch._C.Value, depth: int) -> int:
+def _operand(follower: SizeFollower, operand: torch._C.Value, depth: int) -> int:
     producer = operand.node()
     if producer.kind() == "prim::Constant":
         constant = operand.toIValue()
         if isinstance(constant, torch.Tensor):
             raise NotAnInputValue("a tensor constant")
-        return follower._node("const", tuple(constant) if isinstance(constant, list) else constant)
+        return follower.node("const", tuple(constant) if isinstance(constant, list) else constant)
     if producer.kind() == "prim::ListConstruct":
-        return follower._node("list", *(_operand(follower, element, depth + 1) for element in producer.inputs()))
+        return follower.node("list", *(_operand(follower, element, depth + 1) for element in producer.inputs()))
     return follow(follower, operand, depth + 1)
-
-
-def apply(kind: str, operands: list[Any], values: list[Any]) -> Any:
-    """The value of an ``("aten", ...)`` or ``("list", ...)`` node, given its operands' ``values``."""
-    if kind == "list":
-        return list(values)
-    name, overload, spec = operands[:3]
-    args, kwargs = [], {}
-    for (keyword, tensor), value in zip(spec, values, strict=True):
-        if tensor and not isinstance(value, torch.Tensor):
-            value = torch.tensor(value)
-        if keyword:
-            kwargs[keyword] = value
-        else:
-            args.append(value)
-    return getattr(getattr(torch.ops.aten, name), overload or "default")(*args, **kwargs)

@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 
+from lightning_ort.engine.export.checks.export_check import ExportCheck, ExportContext, Recorder
+from lightning_ort.engine.export.user_code import user_frame
+
 _PYTHON = (
     "random", "uniform", "randint", "randrange", "choice", "choices", "sample", "shuffle", "gauss",
     "normalvariate", "lognormvariate", "expovariate", "betavariate", "gammavariate", "triangular", "getrandbits",
@@ -69,3 +72,21 @@ def random_draws(locate: Callable[[], str | None]) -> Iterator[list[str]]:
     finally:
         for module, name, original in patched:
             setattr(module, name, original)
+
+
+RANDOM_DRAWS = Recorder("random_draws", lambda context: random_draws(user_frame))
+
+
+def _random_draws(context: ExportContext) -> str | None:
+    draws = context[RANDOM_DRAWS]
+    if not draws:
+        return None
+    return (
+        f"its forward draws a Python or NumPy random number at {draws[0]}; the export keeps the number drawn "
+        "then, so every later step would take the same branch or value. Fix: draw with torch inside the "
+        "computation (torch.rand(()) < p as a tensor mask, nn.Dropout), pass the number to forward as a tensor, "
+        "or keep that module out of ORT with ORTStrategy(modules=[...])"
+    )
+
+
+PYTHON_RANDOM_DRAWS = ExportCheck("python_random_draws", _random_draws, reads=(RANDOM_DRAWS,))

@@ -18,6 +18,8 @@ import torch
 import torch.utils.checkpoint
 from torch.nn.modules.batchnorm import _NormBase
 
+from lightning_ort.engine.export.checks.export_check import ExportCheck, ExportContext, Recorder
+
 # The generator that runs a non-reentrant checkpoint's function: torch >= 2.14's checkpoint() calls the
 # _impl directly (the old name only forwards to it)
 _GENERATOR = next(
@@ -53,3 +55,21 @@ def checkpointed_running_statistics(root: torch.nn.Module) -> Iterator[list[str]
         yield found
     finally:
         setattr(torch.utils.checkpoint, _GENERATOR, original)
+
+
+CHECKPOINTED_NORMS = Recorder("checkpointed_norms", lambda context: checkpointed_running_statistics(context.module))
+
+
+def _checkpointed_norms(context: ExportContext) -> str | None:
+    norms = context[CHECKPOINTED_NORMS]
+    if not norms:
+        return None
+    return (
+        f"normalization layer(s) {', '.join(norms)} update running statistics inside "
+        "torch.utils.checkpoint(use_reentrant=False); eager PyTorch updates them twice per step (again when it "
+        "recomputes the checkpointed function in backward), ORT's graph once. Fix: keep BatchNorm out of the "
+        "checkpointed function, or keep that module out of ORT with ORTStrategy(modules=[...])"
+    )
+
+
+CHECKPOINTED_RUNNING_STATISTICS = ExportCheck("checkpointed_norms", _checkpointed_norms, reads=(CHECKPOINTED_NORMS,))
