@@ -8,9 +8,11 @@ registries' entries and each method's chain of hooks) with a recorded snapshot.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lightning_ort.engine.ops import registry
 from lightning_ort.engine.runtime import (
     backward_once,
     export_hooks,
@@ -56,70 +58,9 @@ HOOKS: tuple[Hook, ...] = (
 
 
 def install() -> None:
-    """Register the op families with ORT, then install :data:`HOOKS` in order (called once by the loader)."""
-    from lightning_ort.engine.ops.kernels import (
-        activations,
-        batchnorm,
-        distances,
-        einsum,
-        indexing,
-        layers,
-        math_ops,
-        op_rewrites,
-        pad_shuffle,
-        pooling,
-        reductions,
-        rnn,
-        sampling,
-        special_functions,
-        upsample,
-    )
-    from lightning_ort.engine.ops.symbolics import (
-        attention,
-        chunks,
-        conv_padding,
-        detach,
-        feature_dropout,
-        losses,
-        matrix_transposes,
-        onnx_gradients,
-        random_ops,
-        regression_losses,
-        rnn_dropout,
-        split_gradients,
-        unflatten,
-    )
-    from lightning_ort.engine.passes import channels_last, unbind
-
-    attention.register()
-    activations.register()
-    pad_shuffle.register()
-    math_ops.register()
-    special_functions.register()
-    matrix_transposes.register()
-    losses.register()
-    regression_losses.register()
-    layers.register()
-    indexing.register()
-    distances.register()
-    random_ops.register()
-    feature_dropout.register()
-    sampling.register()
-    pooling.register()
-    reductions.register()
-    rnn.register()
-    rnn_dropout.register()
-    chunks.register()
-    unflatten.register()
-    einsum.register()
-    onnx_gradients.register()
-    channels_last.register_gradients()
-    batchnorm.register()
-    conv_padding.register()
-    detach.register()
-    split_gradients.register()
-    op_rewrites.register_gradients()
-    unbind.register_gradients()
-    upsample.register()
+    """Register the op families with ORT (:data:`~lightning_ort.engine.ops.registry.FAMILIES`, in order), then
+    install :data:`HOOKS` in order (called once by the loader)."""
+    for module, function in registry.FAMILIES:
+        getattr(importlib.import_module(f"lightning_ort.engine.{module}"), function)()
     for hook in HOOKS:
         hook.install()

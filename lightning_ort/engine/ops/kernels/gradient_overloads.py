@@ -21,7 +21,7 @@ from lightning_ort.engine.ops import registry
 
 GRAD_DOMAIN = "org.pytorch.aten"
 # lightning_ort operators whose gradients depend on which inputs need them -> those inputs' names
-# (inputs 0, 1, ... of the operator, in order): the op registry's, and those families add at registration
+# (inputs 0, 1, ... of the operator, in order), from the op registry
 OPERATORS = registry.gradient_inputs()
 # ONNX ops whose outputs carry no gradient (shapes, comparisons, indices): an attention mask built
 # from a sequence's shape and a padding mask needs none.
@@ -30,13 +30,8 @@ NON_DIFFERENTIABLE = {
     "IsNaN", "IsInf", "NonZero", "ArgMax", "ArgMin", "Range", "ConstantOfShape", "EyeLike", "RandomNormalLike",
     "RandomUniformLike", "Bernoulli",
 }  # fmt: skip
-# ATen operators that stop gradients (``Tensor.detach()``, detach.py)
-STOP_GRADIENT_OPERATORS = {"detach_copy"}
-
-
-def add_operator(operator: str, slots: tuple[str, ...]) -> None:
-    """Declare ``operator``'s inputs that can need gradients, named as its overloads name them."""
-    OPERATORS[operator] = slots
+# ATen operators that stop gradients (``Tensor.detach()``, detach.py), from the op registry
+STOP_GRADIENT_OPERATORS = registry.stop_gradient_operators()
 
 
 def aten_node(operator: str, inputs: list[str], outputs: list[str], overload: str = "") -> tuple[Any, ...]:

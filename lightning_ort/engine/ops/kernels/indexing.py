@@ -55,8 +55,6 @@ from lightning_ort.engine.ops.kernels.gradient_overloads import GRAD_DOMAIN, ate
 from lightning_ort.engine.ops.kernels.torch_kernels import ATEN, _none, aten_like, constant
 from lightning_ort.engine.ops.symbolics.onnx_gradients import full_where
 
-# ATen operators here whose output has the input's shape (shape_inference.py)
-SAME_SHAPE_OPERATORS = ("flip", "roll")
 _INTEGERS = (_type_utils.JitScalarType.INT64, _type_utils.JitScalarType.INT)
 
 

@@ -28,13 +28,7 @@ from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_help
 from lightning_ort.engine.ops.kernels.gradient_overloads import register_gradient, register_simple_gradient
 from lightning_ort.engine.ops.kernels.torch_kernels import ATEN, aten_like, constant
 
-# ATen operators here whose output has the input's shape (shape_inference.py)
-_NORMS = ("instance_norm", "instance_norm_affine", "batch_statistics_norm", "batch_statistics_norm_affine")
 GROUP_NORM_AFFINE = "lightning_ort::group_norm_affine"
-SAME_SHAPE_OPERATORS = (
-    *(f"lightning_ort::{name}" for name in ("prelu", "group_norm", *_NORMS)),
-    GROUP_NORM_AFFINE,
-)
 
 
 def _prelu(g: Any, self: Any, weight: Any) -> Any:

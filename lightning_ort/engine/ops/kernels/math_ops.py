@@ -33,8 +33,6 @@ from lightning_ort.engine.ops.kernels.gradient_overloads import (
 from lightning_ort.engine.ops.kernels.torch_kernels import ATEN, aten_like, constant
 
 _POW = "lightning_ort::pow"
-# ATen operators here whose output has the input's shape (shape_inference.py)
-SAME_SHAPE_OPERATORS = ("atan", "expm1", "trunc", "lightning_ort::threshold", "lightning_ort::cumprod", "logcumsumexp")
 
 
 def _unary(operator: str) -> Any:

@@ -35,16 +35,6 @@ from lightning_ort.engine.ops.kernels.torch_kernels import ATEN, constant
 _VECTOR_NORM = "lightning_ort::vector_norm"
 _PROD = "lightning_ort::prod"
 _STD = "lightning_ort::std"
-# the ATen operators here -> the positions of their constant dimensions and keepdim inputs (shape_inference.py)
-REDUCED_DIMS = {
-    "amax": (1, 2),
-    "amin": (1, 2),
-    "lightning_ort::nansum": (1, 2),
-    "lightning_ort::nanmean": (1, 2),
-    _PROD: (1, 2),
-    _STD: (1, 3),
-    _VECTOR_NORM: (2, 3),
-}
 
 
 def _dims(dim: Any) -> list[int] | None:

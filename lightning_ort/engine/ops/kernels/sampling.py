@@ -21,18 +21,18 @@ from lightning_ort.engine.ops.kernels.torch_kernels import ATEN
 _GRID_SAMPLE = "lightning_ort::grid_sample"
 
 
-def _sampled_shape(shapes: list[Any], flags: list[Any]) -> list[Any] | None:
+def sampled_shape(shapes: list[Any], flags: list[Any]) -> list[Any] | None:
     """``grid_sample``'s output: the input's batch and channels at the grid's points."""
     input, grid = shapes[0], shapes[1]
     return None if input is None or grid is None else [input[0], input[1], *grid[1:-1]]
 
 
-def _folded_shape(shapes: list[Any], flags: list[Any]) -> list[Any] | None:
+def folded_shape(shapes: list[Any], flags: list[Any]) -> list[Any] | None:
     """``col2im``'s output, (N, C * kernel, L) -> (N, C, H, W)."""
     return None if shapes[0] is None else [shapes[0][0], None, None, None]
 
 
-def _grid_shape(shapes: list[Any], flags: list[Any]) -> list[Any] | None:
+def grid_shape(shapes: list[Any], flags: list[Any]) -> list[Any] | None:
     """``affine_grid``'s output from its size argument, (N, C, H, W) -> (N, H, W, 2)."""
     from onnxruntime.tools.symbolic_shape_infer import get_shape_from_sympy_shape
 
@@ -40,10 +40,6 @@ def _grid_shape(shapes: list[Any], flags: list[Any]) -> list[Any] | None:
         return None
     size = get_shape_from_sympy_shape(list(flags[1]))
     return [size[0], *size[2:], len(size) - 2]
-
-
-# output shapes for the shape inference (shape_inference.py)
-OUTPUT_SHAPES = {_GRID_SAMPLE: _sampled_shape, "col2im": _folded_shape, "affine_grid_generator": _grid_shape}
 
 
 def _grid_sampler(g: Any, input: Any, grid: Any, *arguments: Any) -> Any:

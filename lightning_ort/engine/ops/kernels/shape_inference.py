@@ -40,16 +40,8 @@ from onnxruntime.tools.symbolic_shape_infer import (
 )
 
 from lightning_ort.engine.ops import registry
-from lightning_ort.engine.ops.kernels import (
-    indexing,
-    layers,
-    math_ops,
-    reductions,
-    sampling,
-    special_functions,
-    upsample,
-)
-from lightning_ort.engine.ops.kernels.gradient_overloads import STOP_GRADIENT_OPERATORS, aten_operator
+from lightning_ort.engine.ops.kernels import sampling, upsample
+from lightning_ort.engine.ops.kernels.gradient_overloads import aten_operator
 
 Shape = list[Any]  # ints and symbol names; None where unknown
 
@@ -60,7 +52,7 @@ def _same_as_input(shapes: list[Shape | None], flags: list[Any]) -> Shape | None
 
 def _reduction(dims_at: int, keep_at: int) -> Callable[[list[Shape | None], list[Any]], Shape | None]:
     """The output of a reduction over the constant dimensions ``flags[dims_at]`` (none: all of them),
-    kept as 1 where ``flags[keep_at]`` says so (reductions.py's ``REDUCED_DIMS``)."""
+    kept as 1 where ``flags[keep_at]`` says so (the op registry's ``Reduction`` rows)."""
 
     def shape(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
         input, dims, keep = shapes[0], flags[dims_at], flags[keep_at]
@@ -86,7 +78,7 @@ def _unknown(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
 
 
 def _broadcast(shapes: list[Shape | None], flags: list[Any]) -> Shape | None:
-    """Two inputs broadcast against each other (``lightning_ort::pow``)."""
+    """Two inputs broadcast against each other (``lightning_ort::pow``, ``lightning_ort::atan2``)."""
     first, second = shapes[0], shapes[1]
     if first is None or second is None:
         return None
@@ -185,26 +177,26 @@ _SHAPE_RULES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None]]
     "matmul": _matmul,
     "einsum": _einsum,
     "rnn_layer": _rnn_layer,
+    "grid_sample": sampling.sampled_shape,
+    "col2im": sampling.folded_shape,
+    "affine_grid": sampling.grid_shape,
 }
 
-# Output 0 of lightning_ort's ATen operators (csrc/aten_ops.cc) from their inputs' shapes (and
-# constant inputs, ``flags``). Without them ORT's inference gives the outputs new symbols, which meet
-# the graph's own in the next broadcast (a residual connection's Add) and are made unknown there
-# (below); the gradient graph then sums such an Add's gradients at run time (a ReduceSum copy each)
-# even where nothing broadcasts.
+
+def _rule(shape: str | registry.Reduction) -> Callable[[list[Shape | None], list[Any]], Shape | None]:
+    """The output-shape function of a registry row's rule."""
+    if isinstance(shape, registry.Reduction):
+        return _reduction(shape.dims_at, shape.keep_at)
+    return _SHAPE_RULES[shape]
+
+
+# Output 0 of the ATen operators of ORT's graphs (lightning_ort's and torch's own) from their inputs' shapes
+# (and constant inputs, ``flags``), by the op registry's rows. Without them ORT's inference gives the
+# outputs new symbols, which meet the graph's own in the next broadcast (a residual connection's Add) and
+# are made unknown there (below); the gradient graph then sums such an Add's gradients at run time (a
+# ReduceSum copy each) even where nothing broadcasts.
 _OUTPUT_SHAPES: dict[str, Callable[[list[Shape | None], list[Any]], Shape | None]] = {
-    **{operator: _SHAPE_RULES[rule] for operator, rule in registry.shape_rules().items()},
-    # a fresh symbol for a kept dimension of 1 (RevIN's x.mean(1, keepdim=True).detach()) was merged with
-    # the dimensions it broadcasts against, a graph input's length with a number: the graph then read
-    # that input's length as the number
-    **{operator: _same_as_input for operator in STOP_GRADIENT_OPERATORS},
-    **{operator: _reduction(*positions) for operator, positions in reductions.REDUCED_DIMS.items()},
-    **{operator: _same_as_input for operator in math_ops.SAME_SHAPE_OPERATORS},
-    **{operator: _same_as_input for operator in special_functions.SAME_SHAPE_OPERATORS},
-    **{operator: _broadcast for operator in special_functions.BROADCAST_OPERATORS},
-    **{operator: _same_as_input for operator in layers.SAME_SHAPE_OPERATORS},
-    **{operator: _same_as_input for operator in indexing.SAME_SHAPE_OPERATORS},
-    **sampling.OUTPUT_SHAPES,
+    operator: _rule(shape) for operator, shape in registry.shape_rules().items()
 }
 
 

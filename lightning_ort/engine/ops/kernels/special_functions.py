@@ -19,11 +19,7 @@ from typing import Any
 import torch
 from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
 
-from lightning_ort.engine.ops.kernels.gradient_overloads import (
-    add_operator,
-    register_gradient,
-    register_simple_gradient,
-)
+from lightning_ort.engine.ops.kernels.gradient_overloads import register_gradient, register_simple_gradient
 from lightning_ort.engine.ops.kernels.torch_kernels import ATEN, constant
 
 # torch's operator -> lightning_ort's (csrc/special_ops.cc)
@@ -76,12 +72,6 @@ BINARY = {
     "remainder": "remainder",
     "float_power": "float_power",
 }
-# lightning_ort operators here whose output has the input's shape (shape_inference.py)
-SAME_SHAPE_OPERATORS = tuple(
-    {f"lightning_ort::{name}" for name in UNARY.values()} | {"lightning_ort::polygamma", "lightning_ort::mvlgamma"}
-)
-# ... and those whose output is the broadcast of their two inputs
-BROADCAST_OPERATORS = tuple({f"lightning_ort::{name}" for name in BINARY.values()})
 
 
 def _result_type(g: Any) -> Any:
@@ -158,5 +148,4 @@ def register() -> None:
         CustomOpSymbolicRegistry.register(name, "", _binary(f"lightning_ort::{ours}"))
     for ours in set(BINARY.values()):
         operator = f"lightning_ort::{ours}"
-        add_operator(operator, ("self", "other"))
         register_gradient(operator, f"{operator}_backward", ["GO(0)", "I(0)", "I(1)"], ["GI(0)", "GI(1)"])
