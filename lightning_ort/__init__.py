@@ -11,8 +11,8 @@ from lightning_ort.errors import (
     ORTSetupError,
     ORTUnsupportedModelError,
 )
-from lightning_ort.guard import ORTModuleReport
 from lightning_ort.precision import ORTPrecision
+from lightning_ort.report import ORTModuleReport
 from lightning_ort.strategy import ORTStrategy
 from lightning_ort.wrapping import ORTStrategyMixin
 

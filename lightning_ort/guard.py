@@ -4,73 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from torch.utils import _pytree
 
-from lightning_ort import engine
+from lightning_ort import call_state, engine, fallback_reasons
 from lightning_ort.adapter import ForwardAdapter
 from lightning_ort.auto_choice import PYTORCH, SpeedChoice
 from lightning_ort.dataclass_io import from_mappings, to_mappings
 from lightning_ort.errors import ORTFallbackError, ORTUnsupportedModelError
 from lightning_ort.rank_zero import rank_zero_user_warn
+from lightning_ort.report import ORTModuleReport
 from lightning_ort.time_budget import time_budget
 
 log = logging.getLogger(__name__)
 
 FallbackMode = Literal["warn", "raise"]
-
-
-@dataclass
-class ORTModuleReport:
-    """What happened to one wrapped module during a run.
-
-    ORT builds separate graphs for training and for inference (eval mode or no grad), and either
-    can be given up on its own.
-
-    Attributes:
-        name: where the module sits in the LightningModule (``"forward"`` for the LightningModule's own forward).
-        ort_calls: forward calls ORT executed.
-        torch_calls: forward calls PyTorch executed instead.
-        fallback_reason: why ORT's training graph was given up, or ``None``.
-        eval_fallback_reason: why ORT's inference graph was given up, or ``None``.
-        torch_call_reasons: why single calls ran in PyTorch while ORT kept both graphs (a training-mode
-            module under ``no_grad``, another autocast state), with how many calls each.
-        parameters: the module's trainable parameters (elements) when it was wrapped.
-        submodules: after ORT gave up on the module's training graph, the submodules ORT runs instead
-            (each with a report of its own); the module's own code between them runs in PyTorch.
-        size_exports: exports again because a Python branch on sizes went the other way for a call's
-            input sizes than in the graph's export (``engine/export/size_guards.py``).
-        auto_choice: under ``ORTStrategy(mode="auto")``, the path the measurement chose (``"ort"`` or
-            ``"pytorch"``), ``None`` while measuring or under ``mode="ort"``.
-        measured_speedup: under ``mode="auto"``, ORT's measured speed relative to PyTorch's on this module
-            (PyTorch's median step over ORT's; above 1: ORT faster).
-        first_call_seconds: the wall time of ORT's first training call of this module (its forward, with the
-            export and the graph builds), ``None`` before it.
-    """
-
-    name: str
-    ort_calls: int = 0
-    torch_calls: int = 0
-    fallback_reason: str | None = None
-    eval_fallback_reason: str | None = None
-    torch_call_reasons: dict[str, int] = field(default_factory=dict)
-    parameters: int = 0
-    submodules: list[str] = field(default_factory=list)
-    size_exports: int = 0
-    auto_choice: str | None = None
-    measured_speedup: float | None = None
-    first_call_seconds: float | None = None
-
-    @property
-    def uses_ort(self) -> bool:
-        """Whether ORT still runs this module in both modes."""
-        return self.fallback_reason is None and self.eval_fallback_reason is None and self.auto_choice != PYTORCH
 
 
 _TRAINING_UNDER_NO_GRAD = (
@@ -100,139 +51,8 @@ _SIZES_BEFORE_BACKWARD = "a branch on sizes went the other way" + _BEFORE_BACKWA
 # Exports for branches on sizes per module; past them, calls whose sizes the graph does not hold run in PyTorch
 _MAX_SIZE_EXPORTS = 8
 
-# What some errors of ORT and of torch's export mean for the user's module, and the fix
-_COMPLEX = (
-    "the forward computes with complex tensors (torch.view_as_complex or torch.polar, as rotary embeddings in "
-    "their complex form do), which ORT cannot hold. Fix: rotate with real tensors (x * cos + rotate_half(x) * sin), "
-    "or keep that module out of ORT with ORTStrategy(modules=[...])"
-)
-_HINTS = (
-    (
-        "Cannot split using values in 'split' attribute",
-        "the forward splits a dimension whose size changed since the export, as x.unbind(1) or x.split(1, dim=1) "
-        "over the sequence length do; the exported graph keeps the first batch's number of parts. Fix: use tensor "
-        "operations over the whole dimension, or batches of one length",
-    ),
-    (
-        "cond must be a bool, but got a Tensor",
-        "a check in torch's Python code compared sizes the export traces as tensors (F.max_unpool2d's output "
-        "size check does). Fix: keep that layer out of ORT with ORTStrategy(modules=[...])",
-    ),
-    (
-        "as it's unreachable",
-        "ORT found no gradient path from the outputs to a parameter that requires grad, through an op that "
-        "carries no gradient. Fix: freeze the parameter with requires_grad_(False), which ORT leaves out, or "
-        "register it as a buffer, or keep that part out of ORT with ORTStrategy(modules=[...])",
-    ),
-    (
-        "cannot register a hook on a tensor that doesn't require gradient",
-        "the forward registers a gradient hook on a tensor; ORT runs the forward with gradients off to export it, "
-        "and computes the gradients of its graph in one piece without calling Python hooks. Fix: register the hook "
-        "on a tensor forward returns and nothing inside forward uses, or keep that module out of ORT with "
-        "ORTStrategy(modules=[...])",
-    ),
-    (
-        "Cannot insert a Tensor that requires grad as a constant",
-        "the forward uses a tensor that requires grad and is neither a parameter nor a buffer of the module ORT "
-        "runs (a parameter of another module reached through a closure or a global, one kept in a Python list "
-        "or dict); ORT's graph could hold it only as a constant, without its gradient. Fix: make it part of the "
-        "module (an nn.Parameter attribute, nn.ParameterList or nn.ParameterDict), or keep that module out of "
-        "ORT with ORTStrategy(modules=[...])",
-    ),
-    (
-        "HandleBroadcasting",
-        "ORT's gradient builder could not work out the shapes of a broadcast, typically a matmul whose batch "
-        "dimensions broadcast against sizes it cannot follow (W(1, N, ...) @ u(B, N, ...)). Fix: expand the "
-        "operand first (W.expand(B, -1, ...)), or keep that module out of ORT with ORTStrategy(modules=[...])",
-    ),
-    ("ComplexFloat is an unexpected tensor scalar type", _COMPLEX),
-    ("'aten::polar'", _COMPLEX),
-    ("'aten::view_as_complex'", _COMPLEX),
-    (
-        "Argument types: Tensor, bool",
-        "the forward uses a bool in tensor arithmetic (h * flag, a bool argument of forward included), which "
-        "torch's export cannot trace. Fix: convert it first (h * float(flag)), or branch on it (if flag: ...)",
-    ),
-)
-
-# The line naming the exception in a traceback ORT embeds in its own error text
-_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
-
-
-def _reason(error: BaseException) -> str:
-    """One readable line out of ORT's (often multi-page) error text."""
-    root: BaseException = error
-    while root.__cause__ is not None:
-        root = root.__cause__
-    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-    raised = [line for line in lines[1:] if _RAISED.match(line)]
-    text = raised[-1] if raised else (lines[-1] if lines else "")
-    # ORT's C++ checks read "<file>:<line> <function signature> <condition> was false. <message>"
-    _, checked, message = text.partition(" was false. ")
-    if checked:
-        text = message
-    if len(lines) > 1 and lines[0] not in text:
-        text = f"{lines[0][:200]} ... {text}"
-    return f"{type(root).__name__}: {text[:600]}"
-
-
-def _input_structure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """What of a call's inputs ORT exports or builds its gradient graph again for: their nesting, each
-    tensor's dtype, rank, device and ``requires_grad``, each bool's value (Python numbers are fed as
-    tensors), the type of anything else."""
-    leaves, spec = _pytree.tree_flatten((args, kwargs))
-    return spec, tuple(
-        (leaf.dtype, leaf.dim(), leaf.device, leaf.requires_grad)
-        if isinstance(leaf, torch.Tensor)
-        else leaf
-        if leaf is None or isinstance(leaf, (bool, str))
-        else type(leaf)
-        for leaf in leaves
-    )
-
-
-def _autocast_state() -> tuple[bool, torch.dtype]:
-    for device in ("cuda", "cpu"):
-        if torch.is_autocast_enabled(device):
-            return True, torch.get_autocast_dtype(device)
-    return False, torch.float32
-
-
-def _module_tensors(modules: list[torch.nn.Module]) -> Iterator[torch.Tensor | None]:
-    for module in modules:
-        yield from module._parameters.values()
-        yield from module._buffers.values()
-
-
-def _code(modules: list[torch.nn.Module]) -> Iterator[int]:
-    """The submodules' classes and the ``forward`` set on an instance, if any: the code the export traced."""
-    for module in modules:
-        yield id(type(module))
-        yield id(module.__dict__.get("forward"))
-
-
-def _identities(modules: list[torch.nn.Module]) -> tuple[int, ...]:
-    return (*map(id, modules), *_code(modules), *map(id, _module_tensors(modules)))
-
-
-def _layout(modules: list[torch.nn.Module]) -> tuple[Any, ...]:
-    """What ORT's graph depends on of the submodules (their code too), parameters and buffers (not the
-    tensor objects)."""
-    return (
-        *map(id, modules),
-        *_code(modules),
-        *((None if value is None else (value.shape, value.dtype, value.device)) for value in _module_tensors(modules)),
-    )
-
-
-def _own_forward(owner: torch.nn.Module) -> Any:
-    return type(owner).forward.__get__(owner)
-
-
-def trainable_parameters(module: torch.nn.Module) -> int:
-    """Elements of the module's parameters that require grad (a parameter shared by two submodules counts once)."""
-    return sum(parameter.numel() for parameter in module.parameters() if parameter.requires_grad)
-
+# Pickles of a guard (a whole LightningModule saved with torch.save) from before call_state.py name this function here
+_own_forward = call_state.own_forward
 
 BreakDown = Callable[["ORTGuard"], list[str]]
 """Called when ORT gives up on a guard's training graph; wraps submodules in ORT and returns their names."""
@@ -254,7 +74,7 @@ class ORTGuard:
     ) -> None:
         self.owner = owner
         self._choice = choice  # mode="auto": which path each call takes
-        self.report = ORTModuleReport(name, parameters=trainable_parameters(owner))
+        self.report = ORTModuleReport(name, parameters=call_state.trainable_parameters(owner))
         self._fallback = fallback
         self._break_down = break_down
         self._warned = warned if warned is not None else set()  # reasons already warned about, shared by a run
@@ -276,12 +96,12 @@ class ORTGuard:
         """A copy of the owner (an EMA or teacher snapshot a callback takes) trains in PyTorch: its ``forward`` is
         its class's, bound to it, not a guard sharing this one's ORT graphs."""
         copied_owner = memo.get(id(self.owner))
-        return self if copied_owner is None else _own_forward(copied_owner)
+        return self if copied_owner is None else call_state.own_forward(copied_owner)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled with its owner (``torch.save(pl_module)`` during fit), it comes back as the owner's own
         ``forward``: ORT's session cannot be pickled, and the copy trains in PyTorch."""
-        return _own_forward, (self.owner,)
+        return call_state.own_forward, (self.owner,)
 
     @property
     def ort_module(self) -> torch.nn.Module | None:
@@ -314,7 +134,7 @@ class ORTGuard:
             return self._in_pytorch(_TRAINING_UNDER_NO_GRAD, args, kwargs)
         # The graph bakes in the autocast casts it was exported with; ORT does not re-export when
         # autocast changes, so a call under another autocast state runs in PyTorch.
-        autocast = _autocast_state()
+        autocast = call_state.autocast_state()
         if self._graph_autocast.setdefault(graph, autocast) != autocast:
             return self._in_pytorch(_OTHER_AUTOCAST, args, kwargs)
         # The graph also bakes in every submodule's train/eval mode (a BatchNorm frozen in eval mode
@@ -333,16 +153,16 @@ class ORTGuard:
         self._other_modes = None
         if engine.summary_hooks(modules):
             return self._in_pytorch(_MODEL_SUMMARY, args, kwargs)
-        identities = _identities(modules)
+        identities = call_state.identities(modules)
         if identities != self._identities:
             if self._identities is None:
-                self._layout = _layout(modules)
+                self._layout = call_state.layout(modules)
             elif not self._take_new_state(modules, graph):
                 return self._in_pytorch(_REPLACED_BEFORE_BACKWARD, args, kwargs)
             self._identities = identities
         ort_args, ort_kwargs = to_mappings(args), to_mappings(kwargs)
         if graph:
-            inputs = _input_structure(ort_args, ort_kwargs)
+            inputs = call_state.input_structure(ort_args, ort_kwargs)
             if self._inputs not in (None, inputs) and engine.backward_pending(self._ort_module):
                 # two calls of one step with other inputs (model(x), then model(x, mask)): an export now
                 # would free the first call's state (a segmentation fault in its backward)
@@ -420,7 +240,7 @@ class ORTGuard:
         anew, ``self.center = ...``): ORT reads them again when only the tensor objects changed, and exports
         again when a submodule or a tensor's shape did. False when that has to wait for a pending backward."""
         assert self._ort_module is not None
-        layout = _layout(modules)
+        layout = call_state.layout(modules)
         if layout != self._layout:
             if graph and engine.backward_pending(self._ort_module):
                 return False
@@ -474,14 +294,14 @@ class ORTGuard:
             raise ORTUnsupportedModelError(problem)
 
     def _give_up(self, error: Exception, training: bool, autocast: tuple[bool, torch.dtype]) -> None:
-        reason = _reason(error)
+        reason = fallback_reasons.reason(error)
         dtype = f"tensor({str(autocast[1]).removeprefix('torch.')})"
         if autocast[0] and ("Could not find an implementation" in reason or (dtype in reason and "invalid" in reason)):
             reason += (
                 f" (under {autocast[1]} autocast: this ORT build has no {autocast[1]} kernel for the op; "
                 "precision='32-true' keeps the module in ORT)"
             )
-        reason += "".join(f" ({hint})" for symptom, hint in _HINTS if symptom in reason)
+        reason += fallback_reasons.hints(reason)
         graph = "training" if training else "inference"
         if training:
             self.report.fallback_reason = reason

@@ -12,7 +12,8 @@ from typing_extensions import override
 
 from lightning_ort.auto_choice import Mode
 from lightning_ort.guard import FallbackMode
-from lightning_ort.wrapping import LogLevel, ORTStrategyMixin
+from lightning_ort.strategy_options import LogLevel
+from lightning_ort.wrapping import ORTStrategyMixin
 
 __all__ = ["LogLevel", "ORTStrategy"]
 

@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
-from lightning_ort.guard import ORTModuleReport
+from lightning_ort.report import ORTModuleReport
 from lightning_ort.timing import StepTimer
 
 __all__ = ["RunSummary", "fit_summary", "ort_report_lines"]

@@ -5,6 +5,10 @@ ORTStrategyMixin, DDPStrategy)``). It installs the guards in ``_setup_model`` *b
 strategy's own ``_setup_model``, so a wrapper such as DDP wraps a LightningModule whose ``forward``
 (or whose children's) already runs in ORT, and removes them in ``teardown`` before the strategy
 unwraps the model.
+
+Over 300 lines because :class:`ORTStrategyMixin` is one class: the Lightning strategy hooks ORT needs
+(setup, the steps, optimizer state, teardown) and the reports they keep; its option checks are in
+``strategy_options.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -25,26 +29,17 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ort import engine
-from lightning_ort.auto_choice import MODES, Mode, SpeedChoice
-from lightning_ort.guard import FallbackMode, ORTGuard, ORTModuleReport
+from lightning_ort.auto_choice import Mode, SpeedChoice
+from lightning_ort.guard import FallbackMode, ORTGuard
 from lightning_ort.memory import validate_memory_options
 from lightning_ort.optim import fuse_again, fuse_optimizer, unfused_state
 from lightning_ort.precision import ort_precision
+from lightning_ort.report import ORTModuleReport
 from lightning_ort.selection import FORWARD, select_modules, trainable_children
+from lightning_ort.strategy_options import LogLevel, check_options
 from lightning_ort.summary import RunSummary, fit_summary
 
 log = logging.getLogger(__name__)
-
-LogLevel = Literal[
-    "VERBOSE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL", "CRITICAL",
-    "verbose", "debug", "info", "warning", "error", "fatal", "critical",
-]  # fmt: skip
-# ORT's level for each accepted name, in either case: Python's DEBUG and CRITICAL are ORT's lowest and highest.
-_LOG_LEVELS: dict[str, engine.LogLevelName] = {
-    "VERBOSE": "VERBOSE", "DEBUG": "VERBOSE", "INFO": "INFO", "WARNING": "WARNING",
-    "ERROR": "ERROR", "FATAL": "FATAL", "CRITICAL": "FATAL",
-}  # fmt: skip
-_FALLBACKS = ("warn", "raise")
 
 
 class ORTStrategyMixin(Strategy):
@@ -92,54 +87,26 @@ class ORTStrategyMixin(Strategy):
     ) -> None:
         """Check and store the ORT options (every error names the strategy class and the bad value)."""
         name = type(self).__name__
-        if mode not in MODES:
-            raise ValueError(
-                f"{name}(mode={mode!r}) must be 'ort' (ORT runs the model) or 'auto' (time ORT against PyTorch "
-                "during the first steps and keep the faster)."
-            )
+        level = check_options(
+            name,
+            mode=mode,
+            log_level=log_level,
+            fallback=fallback,
+            modules=modules,
+            intra_op_num_threads=intra_op_num_threads,
+            flags=dict(
+                allow_spinning=allow_spinning,
+                fused_optimizer=fused_optimizer,
+                channels_last=channels_last,
+                fuse_attention=fuse_attention,
+                memory_arena=memory_arena,
+                export_cache=export_cache,
+                fullgraph=fullgraph,
+            ),
+            optional_flags=dict(custom_autograd=custom_autograd, op_rewrites=op_rewrites),
+            export_timeout=export_timeout,
+        )
         self.mode = mode
-        level = _LOG_LEVELS.get(log_level.upper()) if isinstance(log_level, str) else None
-        if level is None:
-            raise ValueError(
-                f"{name}(log_level={log_level!r}) is not one of VERBOSE, INFO, WARNING, ERROR, FATAL or Python's "
-                "DEBUG (VERBOSE) and CRITICAL (FATAL), in upper or lower case."
-            )
-        if fallback not in _FALLBACKS:
-            raise ValueError(f"{name}(fallback={fallback!r}) must be 'warn' or 'raise'.")
-        if modules is not None and (
-            isinstance(modules, str)
-            or not isinstance(modules, (list, tuple))
-            or not all(isinstance(module, str) and module for module in modules)
-        ):
-            raise TypeError(f"{name}(modules={modules!r}) must be a list of submodule names, e.g. ['encoder'].")
-        if intra_op_num_threads is not None and (
-            isinstance(intra_op_num_threads, bool)
-            or not isinstance(intra_op_num_threads, int)
-            or intra_op_num_threads < 1
-        ):
-            raise ValueError(f"{name}(intra_op_num_threads={intra_op_num_threads!r}) must be a positive int.")
-        if not isinstance(allow_spinning, bool):
-            raise TypeError(f"{name}(allow_spinning={allow_spinning!r}) must be True or False.")
-        if custom_autograd is not None and not isinstance(custom_autograd, bool):
-            raise TypeError(f"{name}(custom_autograd={custom_autograd!r}) must be True, False or None.")
-        if not isinstance(fused_optimizer, bool):
-            raise TypeError(f"{name}(fused_optimizer={fused_optimizer!r}) must be True or False.")
-        if op_rewrites is not None and not isinstance(op_rewrites, bool):
-            raise TypeError(f"{name}(op_rewrites={op_rewrites!r}) must be True, False or None.")
-        if not isinstance(channels_last, bool):
-            raise TypeError(f"{name}(channels_last={channels_last!r}) must be True or False.")
-        if not isinstance(fuse_attention, bool):
-            raise TypeError(f"{name}(fuse_attention={fuse_attention!r}) must be True or False.")
-        if not isinstance(memory_arena, bool):
-            raise TypeError(f"{name}(memory_arena={memory_arena!r}) must be True or False.")
-        if not isinstance(export_cache, bool):
-            raise TypeError(f"{name}(export_cache={export_cache!r}) must be True or False.")
-        if not isinstance(fullgraph, bool):
-            raise TypeError(f"{name}(fullgraph={fullgraph!r}) must be True or False.")
-        if export_timeout is not None and (
-            isinstance(export_timeout, bool) or not isinstance(export_timeout, (int, float)) or export_timeout <= 0
-        ):
-            raise ValueError(f"{name}(export_timeout={export_timeout!r}) must be a positive number of seconds or None.")
         memory_optimizer_config = validate_memory_options(memory_optimization_level, memory_optimizer_config)
         self.modules = list(modules) if modules is not None else None
         self.log_level = level

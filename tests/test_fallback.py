@@ -41,8 +41,7 @@ from models import (
 )
 from torch import nn
 
-from lightning_ort import ORTFallbackError, ORTStrategy
-from lightning_ort.guard import _reason
+from lightning_ort import ORTFallbackError, ORTStrategy, fallback_reasons
 
 CASES = [
     (STEModel, "custom torch.autograd.Function(s) models.StraightThrough"),
@@ -308,7 +307,10 @@ def test_reason_keeps_what_ort_says_went_wrong() -> None:
         "onnxruntime::training::GetGradientForOp(const GradientGraphConfiguration&, onnxruntime::Graph*) "
         "gradient_builder != nullptr was false. The gradient builder has not been registered: ReduceProd for node X"
     )
-    assert _reason(check) == "RuntimeError: The gradient builder has not been registered: ReduceProd for node X"
+    assert (
+        fallback_reasons.reason(check)
+        == "RuntimeError: The gradient builder has not been registered: ReduceProd for node X"
+    )
     export = RuntimeError(
         "There was an error while exporting the PyTorch model to ONNX: \n"
         "Traceback (most recent call last):\n"
@@ -317,7 +319,7 @@ def test_reason_keeps_what_ort_says_went_wrong() -> None:
         "torch.onnx.errors.SymbolicValueError: Expected node type 'onnx::Constant' for argument 'rounding_mode'\n"
         "    )  (type 'Tensor')\n"
     )
-    assert _reason(export).endswith(
+    assert fallback_reasons.reason(export).endswith(
         "... torch.onnx.errors.SymbolicValueError: Expected node type 'onnx::Constant' for argument 'rounding_mode'"
     )
 

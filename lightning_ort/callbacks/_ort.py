@@ -11,7 +11,8 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ort import engine
-from lightning_ort.guard import ORTGuard, ORTModuleReport
+from lightning_ort.guard import ORTGuard
+from lightning_ort.report import ORTModuleReport
 
 
 @runtime_checkable

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from zoo_harness import Expect, Run, ZooModel, ZooResult, check, ort_parameter_share, perturb_by_one_ulp
 
-from lightning_ort.guard import ORTModuleReport
+from lightning_ort.report import ORTModuleReport
 
 EAGER = [2.0, 1.9, 1.8, 1.7, 1.6]
 

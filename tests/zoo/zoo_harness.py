@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 import lightning_ort
-from lightning_ort.guard import ORTModuleReport
+from lightning_ort.report import ORTModuleReport
 
 Where = Literal["all", "partly", "none"]
 RUNS = ("eager", "ulp", "ort")

@@ -20,6 +20,10 @@ What ORT expects from the runners, and how it is met here:
 - Gradients ORT does not produce (an output that does not reach the loss) are materialised as zeros
   unless the Function called ``ctx.set_materialize_grads(False)``, as in eager PyTorch; returned
   gradients are reduced/cast to their input's shape and dtype as PyTorch's engine does.
+
+Over 300 lines because the runners' rules above (buffer ownership, the pending contexts, materialised
+gradients) and the switch that decides whether the exporter keeps Functions as PythonOp nodes share the
+runner's state; split, each half would reach into the other's.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ graphs run through it (``csrc/aten_ops.cc``, with their memory arena) and, in pl
 autograd.Functions (``csrc/custom_function_runner.cc``), against the installed torch; the shared
 objects live in ``$LIGHTNING_ORT_CACHE`` (default ``~/.cache/lightning_ort``), and the modules are
 registered under the names ORT imports.
+
+Over 300 lines because the three extensions share one build (cache key, lock, compiler check, the
+announcement of a first build) and one registration under ORT's names; each has only a few lines of its own.
 """
 
 from __future__ import annotations

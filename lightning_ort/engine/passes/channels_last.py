@@ -16,6 +16,9 @@ tensors have no strides: a graph holds whatever shape it is given, contiguously.
   (ConvNeXt's) become the tensors already held, and ``Shape``/``Size`` read the held tensor.
 
 Results equal eager's up to float rounding: the channels-last kernels sum in another order.
+
+Over 300 lines because the rewrite is one walk over the graph (:class:`_Rewrite`) that decides, node by
+node, which tensors are held channels-last; its cases share that state.
 """
 
 from __future__ import annotations
