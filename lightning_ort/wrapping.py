@@ -31,7 +31,7 @@ from typing_extensions import override
 from lightning_ort import engine
 from lightning_ort.auto_choice import Mode, SpeedChoice
 from lightning_ort.guard import FallbackMode, ORTGuard
-from lightning_ort.memory import validate_memory_options
+from lightning_ort.memory_options import validate_memory_options
 from lightning_ort.optim import fuse_again, fuse_optimizer, unfused_state
 from lightning_ort.precision import ort_precision
 from lightning_ort.report import ORTModuleReport

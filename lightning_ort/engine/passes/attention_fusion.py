@@ -30,7 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lightning_ort.engine.ops.kernels.gradient_overloads import GRAD_DOMAIN, aten_operator
-from lightning_ort.engine.passes.onnx_rewrite import GraphRewrite, has_subgraphs
+from lightning_ort.engine.passes.graph_rewrite import GraphRewrite, has_subgraphs
 
 _MATMUL = "lightning_ort::matmul"
 _SOFTMAX = "lightning_ort::softmax"

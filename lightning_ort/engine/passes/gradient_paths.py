@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import onnx
 
 from lightning_ort.engine.ops.kernels.gradient_overloads import NON_DIFFERENTIABLE, carries_gradient
-from lightning_ort.engine.passes.onnx_rewrite import has_subgraphs
+from lightning_ort.engine.passes.graph_rewrite import has_subgraphs
 
 
 def without_gradient_paths(model: onnx.ModelProto, names: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import onnx
 
-from lightning_ort.engine.passes.onnx_rewrite import has_subgraphs
+from lightning_ort.engine.passes.graph_rewrite import has_subgraphs
 
 
 def share_mask_indices(model: onnx.ModelProto) -> int:

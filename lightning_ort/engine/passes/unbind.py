@@ -25,7 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lightning_ort.engine.ops.kernels.gradient_overloads import aten_operator, register_simple_gradient
-from lightning_ort.engine.passes.onnx_rewrite import GraphRewrite, has_subgraphs
+from lightning_ort.engine.passes.graph_rewrite import GraphRewrite, has_subgraphs
 
 _OPERATORS = {2: "lightning_ort::unbind2", 3: "lightning_ort::unbind3"}
 _INT64_MAX = np.iinfo(np.int64).max
