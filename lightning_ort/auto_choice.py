@@ -91,10 +91,6 @@ class SpeedChoice:
         self._last: tuple[Path, float] | None = None  # the previous training call's path and start
         self._times: dict[Path, list[float]] = {ORT: [], PYTORCH: []}
 
-    @property
-    def measuring(self) -> bool:
-        return self.chosen is None
-
     def pytorch_reason(self, training_call: bool) -> str | None:
         """Why this call runs in PyTorch, or ``None`` if it runs in ORT. ``training_call``: a call in training
         mode with gradients on (timed); any other call interrupts the period being timed."""
