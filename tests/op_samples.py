@@ -47,8 +47,7 @@ class Sample:
     channels_last: bool = True  # ORTRuntimeOptions(channels_last=...): off where a 4-D sample would turn NHWC
     graph: Literal["forward", "gradient"] = "forward"  # the graph that holds the operator's node
     reached_by: str = ""  # how the operator gets into the graph, when not by torch's call of its name
-    # whether the float inputs require gradients too (the overload needing all of them): not for the norms,
-    # whose batch-size checks on an input that requires gradients the export guard refuses to freeze
+    # whether the float inputs require gradients too (the overload needing all of them)
     input_gradients: bool = True
     tolerances: dict[str, float] = field(default_factory=dict)  # for torch.testing.assert_close
 
@@ -95,9 +94,6 @@ def _mask() -> Tensor:
     return torch.tensor([[True, False, False, True]] * 3)
 
 
-_NO_INPUT_GRADIENTS = {"input_gradients": False}
-
-
 class _First(nn.Module):
     """The first output of ``module`` (an RNN's sequence)."""
 
@@ -111,9 +107,7 @@ class _First(nn.Module):
 
 def _normalized(name: str, normalize: Callable[[Tensor], Tensor]) -> Sample:
     """A normalization without parameters of its own, of ``x * weight``."""
-    return function(
-        _ours(name), lambda x, w: normalize(x * w), ((2, 3, 5),), inputs=((2, 3, 5),), **_NO_INPUT_GRADIENTS
-    )
+    return function(_ours(name), lambda x, w: normalize(x * w), ((2, 3, 5),), inputs=((2, 3, 5),))
 
 
 def _conv2d(*after: nn.Module, bias: bool = False) -> Callable[[], nn.Module]:
@@ -159,7 +153,7 @@ SAMPLES: tuple[Sample, ...] = (
     unary("gelu", F.gelu),
     layer(_ours("layer_norm"), lambda: nn.LayerNorm(4), (2, 3, 4)),
     function(_ours("attention"), _attention, ((1, 3, 4),) * 3, inputs=((2, 1, 3, 4),)),
-    layer(_ours("batch_norm"), lambda: nn.BatchNorm1d(3), (4, 3), **_NO_INPUT_GRADIENTS),
+    layer(_ours("batch_norm"), lambda: nn.BatchNorm1d(3), (4, 3)),
     # matmul_softmax: attention written out by hand
     function(_ours("matmul"), lambda x, w: x @ w, ((2, 4, 5),), inputs=((2, 3, 4),)),
     unary("softmax", lambda h: torch.softmax(h, -1)),
@@ -167,8 +161,8 @@ SAMPLES: tuple[Sample, ...] = (
     # channels_last: the NHWC forms
     layer(_ours("convolution_nhwc"), _conv2d(), _IMAGES, reached_by=_NHWC),
     layer(_ours("convolution_bias_nhwc"), _conv2d(bias=True), _IMAGES, reached_by=_NHWC),
-    layer(_ours("batch_norm_nhwc"), _conv2d(nn.BatchNorm2d(3)), _IMAGES, reached_by=_NHWC, **_NO_INPUT_GRADIENTS),
-    layer(_ours("group_norm_nhwc"), _conv2d(nn.GroupNorm(1, 3)), _IMAGES, reached_by=_NHWC, **_NO_INPUT_GRADIENTS),
+    layer(_ours("batch_norm_nhwc"), _conv2d(nn.BatchNorm2d(3)), _IMAGES, reached_by=_NHWC),
+    layer(_ours("group_norm_nhwc"), _conv2d(nn.GroupNorm(1, 3)), _IMAGES, reached_by=_NHWC),
     layer(_ours("max_pool2d_nhwc"), _conv2d(nn.MaxPool2d(2)), _IMAGES, reached_by=_NHWC),
     layer(_ours("avg_pool2d_nhwc"), _conv2d(nn.AvgPool2d(2)), _IMAGES, reached_by=_NHWC),
     layer(_ours("adaptive_avg_pool2d_nhwc"), _conv2d(nn.AdaptiveAvgPool2d(3)), _IMAGES, reached_by=_NHWC),
@@ -193,20 +187,15 @@ SAMPLES: tuple[Sample, ...] = (
     unary("zeros_like", lambda h: h * torch.sign(h), graph="gradient", reached_by="the zero gradient of sign"),
     # layers
     _normalized("group_norm", lambda h: F.group_norm(h, 1)),
-    layer(_ours("group_norm_affine"), lambda: nn.GroupNorm(1, 3), (2, 3, 5), **_NO_INPUT_GRADIENTS),
+    layer(_ours("group_norm_affine"), lambda: nn.GroupNorm(1, 3), (2, 3, 5)),
     _normalized("instance_norm", F.instance_norm),
-    layer(_ours("instance_norm_affine"), lambda: nn.InstanceNorm1d(3, affine=True), (2, 3, 5), **_NO_INPUT_GRADIENTS),
+    layer(_ours("instance_norm_affine"), lambda: nn.InstanceNorm1d(3, affine=True), (2, 3, 5)),
     _normalized("batch_statistics_norm", lambda h: F.batch_norm(h, None, None, training=True)),
-    layer(
-        _ours("batch_statistics_norm_affine"),
-        lambda: nn.BatchNorm1d(3, track_running_stats=False),
-        (4, 3),
-        **_NO_INPUT_GRADIENTS,
-    ),
+    layer(_ours("batch_statistics_norm_affine"), lambda: nn.BatchNorm1d(3, track_running_stats=False), (4, 3)),
     layer(_ours("prelu"), lambda: nn.PReLU(3), (2, 3, 5)),
     layer(_ours("embedding_bag"), lambda: nn.EmbeddingBag(10, 4), _indices(10, 2, 3)),
     # rnn, einsum, distances, sampling, indexing
-    layer(_ours("rnn_layer"), lambda: _First(nn.RNN(4, 3)), (5, 2, 4), **_NO_INPUT_GRADIENTS),
+    layer(_ours("rnn_layer"), lambda: _First(nn.RNN(4, 3)), (5, 2, 4)),
     unary("einsum", lambda h: torch.einsum("ij->j", h)),
     # (an explicit output without an ellipsis is ORT's MatMul)
     function(_ours("einsum2"), lambda x, w: torch.einsum("ij,kj", x, w), ((5, 4),)),
@@ -297,7 +286,7 @@ SAMPLES: tuple[Sample, ...] = (
         ((1, 8, 4),),
         inputs=((1, 8, 4),),
     ),
-    function("affine_grid_generator", _affine_grid, ((1, 2, 3),), inputs=((1, 3, 3, 2),), **_NO_INPUT_GRADIENTS),
+    function("affine_grid_generator", _affine_grid, ((1, 2, 3),), inputs=((1, 3, 3, 2),)),
     function(
         "detach_copy",
         lambda x, w: x * w - (x * w).mean(1, keepdim=True).detach(),
