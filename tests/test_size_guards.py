@@ -216,7 +216,8 @@ def test_a_branch_on_input_values_is_a_guard_that_exports_again_when_it_flips(ho
 
 
 class _BranchOnWeights(_Branching):
-    """A branch on a value computed from a parameter, or from the data through a parameter: not a guard."""
+    """A branch on a value computed from a parameter, or from the data through a parameter (as a number, or as a
+    one-element tensor that is not 0-d): not a guard."""
 
     def __init__(self, through: str) -> None:
         super().__init__()
@@ -224,13 +225,16 @@ class _BranchOnWeights(_Branching):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids)
-        value = self.head.weight.sum() if self.through == "parameter" else h.sum()
+        if self.through == "parameter":
+            value = self.head.weight.sum()
+        else:
+            value = h.sum() if self.through == "data" else h.sum(dim=(0, 1, 2), keepdim=True)
         if value > 0:
             h = h * 2
         return self.head(h)
 
 
-@pytest.mark.parametrize("through", ["parameter", "data"])
+@pytest.mark.parametrize("through", ["parameter", "data", "one-element data"])
 def test_a_branch_on_values_that_are_not_the_inputs_alone_still_falls_back(through: str) -> None:
     _, ort = fit_both(
         lambda: _BranchOnWeights(through),
@@ -241,6 +245,7 @@ def test_a_branch_on_values_that_are_not_the_inputs_alone_still_falls_back(throu
     (report,) = ort.reports
     assert report.fallback_reason is not None
     assert "depend on tensor data" in report.fallback_reason, report.fallback_reason
+    assert f"{Path(__file__).name}:" in report.fallback_reason, report.fallback_reason  # the branch's own line
 
 
 @pytest.mark.parametrize("on", ["values", "sizes"])

@@ -120,8 +120,10 @@ def recorded_decisions(adapter: torch.nn.Module, locate: Callable[[], str | None
 
     @functools.wraps(original)
     def __bool__(self: torch.Tensor) -> bool:
-        if not torch.jit.is_tracing() or self.dim() != 0 or not inputs:
+        if not torch.jit.is_tracing():
             return original(self)
+        if self.dim() != 0 or not inputs:  # not a number the guards follow: torch warns at the caller's line
+            return warned_at_caller(original, self)
         value = value_trace(self)
         try:
             expression = follower.number(value) if value is not None else None
