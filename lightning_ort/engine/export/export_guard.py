@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lightning_ort.engine.export import hf_attention, python_reads, size_guards, trace_checks
+from lightning_ort.engine.export import hf_attention, python_reads, size_guards, traced_numbers
 from lightning_ort.engine.export.checks import (
     buffer_writes,
     checkpointed_norms,
@@ -75,7 +75,7 @@ _PYTHON_READS = Recorder(
         python_reads.reads_of(adapter_of(context.module)), user_modules(context.module)
     ),
 )
-_FIXED_SIZE_NUMBERS = Recorder("fixed_size_numbers", lambda context: trace_checks.fixed_size_numbers())
+_FIXED_SIZE_NUMBERS = Recorder("fixed_size_numbers", lambda context: traced_numbers.fixed_size_numbers())
 _SIZE_DECISIONS = Recorder(
     "size_decisions", lambda context: size_guards.recorded_decisions(adapter_of(context.module), user_frame)
 )

@@ -1,6 +1,6 @@
 """Which dimensions of a traced tensor have a size no input's size can change.
 
-The export's checks (``trace_checks.py``, ``traced_calls.py``) allow Python to read a size, iterate
+The export's checks (``traced_numbers.py``, ``traced_calls.py``) allow Python to read a size, iterate
 over a dimension or count the parts of a split only where the number cannot differ from batch to
 batch: a constant in a ``reshape``/``view``, a ``Linear`` layer's features, the count of a ``stack``.
 Anything this module does not follow counts as varying.

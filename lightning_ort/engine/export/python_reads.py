@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from lightning_ort.engine.export import trace_checks
+from lightning_ort.engine.export.module_hooks import hooked_weight_names
+from lightning_ort.engine.export.python_state import tensor_version
 
 _NUMBERS = (bool, int, float)
 # Values a branch or a constant of the graph can depend on besides numbers (compared by value)
@@ -106,11 +107,9 @@ def recorded_reads(reads: PythonReads, modules: dict[int, tuple[torch.nn.Module,
         if isinstance(value, _NUMBERS) or (isinstance(value, _OTHER_VALUES) and _public(name)):
             _add(reads.numbers.setdefault((id(self), name), []), plain(value))
         elif (
-            type(value) is torch.Tensor
-            and name in original(self, "__dict__")
-            and name not in trace_checks.hooked_weight_names(self)
+            type(value) is torch.Tensor and name in original(self, "__dict__") and name not in hooked_weight_names(self)
         ):
-            _add(reads.tensors.setdefault((id(self), name), []), (id(value), trace_checks.tensor_version(value)))
+            _add(reads.tensors.setdefault((id(self), name), []), (id(value), tensor_version(value)))
         elif isinstance(value, (AttributeDict, Trainer)):
             # the name the user reads it by (hparams, trainer) over the one its property reads (_hparams)
             if reads.watched.get(id(value), ("", "_"))[1].startswith("_"):
@@ -359,7 +358,7 @@ def changed_read(module: torch.nn.Module) -> str | None:
         if module is None:
             continue
         current = getattr(module, name, None)
-        state = (id(current), trace_checks.tensor_version(current)) if isinstance(current, torch.Tensor) else None
+        state = (id(current), tensor_version(current)) if isinstance(current, torch.Tensor) else None
         if any(state != tensor for tensor in tensors):
             return (
                 f"its forward reads the plain tensor attribute {path}.{name}, which changed after ORT exported "
@@ -454,7 +453,7 @@ def from_record(
         if owner is None or type(vars(owner)[name]) is not torch.Tensor:
             return f"{path}.{name} is not the plain tensor attribute the cached graph read"
         tensor = vars(owner)[name]
-        tensors[(id(owner), name)] = [(id(tensor), trace_checks.tensor_version(tensor))]
+        tensors[(id(owner), name)] = [(id(tensor), tensor_version(tensor))]
     _add_modules(reads, modules)
     reads.numbers.update(numbers)
     reads.items.update(items)

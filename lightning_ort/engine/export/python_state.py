@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lightning_ort.engine.export.trace_checks import hooked_weight_names, tensor_version
+from lightning_ort.engine.export.module_hooks import hooked_weight_names
 
 _PLAIN = (bool, int, float, str, type(None))
 _CONTAINERS = (list, tuple, dict)
@@ -34,6 +34,15 @@ _INTERNAL = frozenset({*vars(torch.nn.Module()), "_owner"})
 _MISSING = object()
 
 Key = tuple[int, str]
+
+
+def tensor_version(tensor: torch.Tensor) -> int | bytes:
+    """What changes when ``tensor`` is changed in place: its version counter, or the bytes of an inference
+    tensor, which has none (made under ``torch.inference_mode``: torchmetrics states updated in a
+    ``Trainer.validate`` or ``predict``)."""
+    if tensor.is_inference():
+        return tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return tensor._version
 
 
 def _elements(value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:

@@ -3,12 +3,12 @@ index, and an iteration over a dimension whose size changes (random draws: ``pyt
 
 from __future__ import annotations
 
-from lightning_ort.engine.export import trace_checks
+from lightning_ort.engine.export import traced_numbers
 from lightning_ort.engine.export.checks.export_check import ExportCheck, ExportContext, Recorder
 from lightning_ort.engine.export.user_code import user_frame
 
-INDEX_CONVERSIONS = Recorder("index_conversions", lambda context: trace_checks.index_conversions(user_frame))
-ITERATIONS = Recorder("iterations", lambda context: trace_checks.varying_iterations(user_frame))
+INDEX_CONVERSIONS = Recorder("index_conversions", lambda context: traced_numbers.index_conversions(user_frame))
+ITERATIONS = Recorder("iterations", lambda context: traced_numbers.varying_iterations(user_frame))
 
 
 def _index_conversions(context: ExportContext) -> str | None:
