@@ -1,4 +1,10 @@
-"""Runs one module's forward through ORT, or through PyTorch once ORT has given up on it."""
+"""Runs one module's forward through ORT, or through PyTorch once ORT has given up on it.
+
+Over 300 lines because :class:`ORTGuard` is one decision per call (ORT, an export again, or PyTorch, and why)
+over state its methods share: the module's identities and layout, the pending backward, the measured choice.
+What it compares between calls is in ``call_state.py``, its report in ``report.py``, the wording of a
+fallback's reason in ``fallback_reasons.py``.
+"""
 
 from __future__ import annotations
 

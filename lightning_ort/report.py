@@ -26,7 +26,7 @@ class ORTModuleReport:
         submodules: after ORT gave up on the module's training graph, the submodules ORT runs instead
             (each with a report of its own); the module's own code between them runs in PyTorch.
         size_exports: exports again because a Python branch on sizes went the other way for a call's
-            input sizes than in the graph's export (``engine/export/size_guards.py``).
+            input sizes than in the graph's export (``engine/export/guards/size_guards.py``).
         auto_choice: under ``ORTStrategy(mode="auto")``, the path the measurement chose (``"ort"`` or
             ``"pytorch"``), ``None`` while measuring or under ``mode="ort"``.
         measured_speedup: under ``mode="auto"``, ORT's measured speed relative to PyTorch's on this module

@@ -1,7 +1,7 @@
 """Boolean attention masks (True: attend) train in ORT like eager, with and without op_rewrites.
 
 Under op_rewrites, ``F.scaled_dot_product_attention`` runs torch's flash-attention kernels
-(``csrc/aten_ops.cc``), which take only additive masks: a boolean one is converted as eager converts
+(``csrc/torch_kernels.cc``), which take only additive masks: a boolean one is converted as eager converts
 it. nn.MultiheadAttention and nn.TransformerEncoder turn their boolean masks into additive ones
 themselves.
 """

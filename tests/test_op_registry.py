@@ -31,7 +31,7 @@ CSRC = Path(registry.__file__).resolve().parents[1] / "csrc"
 # C++ files that define no operator of ORT's graphs (the arena's controls, the custom-Function runner)
 NOT_OPERATORS = {"memory_arena.cc", "custom_function_runner.cc"}
 _DEFINITION = re.compile(r'\bm\.def\(\s*"(\w+)')
-# special_ops.cc defines its functions through X-macros: ``#define UNARY_FUNCTIONS(X) X(lgamma, at::lgamma) ...``,
+# special_functions.cc defines its functions through X-macros: ``#define UNARY_FUNCTIONS(X) X(lgamma, at::lgamma) ...``,
 # each entry one operator and its ``_backward``
 _X_MACRO = re.compile(r"#define \w+_FUNCTIONS\(X\)((?:[^\n]*\\\n)*[^\n]*)")
 _X_ENTRY = re.compile(r"\bX\((\w+),")
@@ -65,7 +65,7 @@ def test_the_table_lists_each_operator_the_cpp_defines_once_in_its_file() -> Non
     assert len(names) == len(set(names))
     assert {(operator.kernel, operator.name) for operator in _ours()} == _defined_operators()
     # the X-macros were read: 22 functions of one tensor, 10 of two
-    assert len({name for file, name in _defined_operators() if file == "special_ops.cc"}) == 34
+    assert len({name for file, name in _defined_operators() if file == "special_functions.cc"}) == 34
 
 
 def test_each_operator_has_its_backward() -> None:
@@ -88,7 +88,7 @@ def test_torch_operators_rows_name_the_file_of_their_backward() -> None:
 
 def test_the_build_compiles_every_file_of_the_table() -> None:
     built = {source.name for source in extensions.aten_ops_sources()}
-    assert set(registry.kernel_files()) == built - {"memory_arena.cc", "pooling_ops.cc"}
+    assert set(registry.kernel_files()) == built - {"memory_arena.cc", "pooling.cc"}
 
 
 def test_each_family_is_an_engine_module() -> None:
@@ -124,3 +124,15 @@ def test_each_family_to_register_has_its_function() -> None:
     assert len(registry.FAMILIES) == len(set(registry.FAMILIES))
     for module, function in registry.FAMILIES:
         assert callable(getattr(importlib.import_module(f"lightning_ort.engine.{module}"), function)), module
+
+
+def test_each_kernel_file_has_the_stem_of_its_familys_module() -> None:
+    # torch_kernels.cc also defines the operators op_rewrites' matmul/softmax and BatchNorm forms run: one file
+    # for the heavy layers on torch's kernels, whose symbolics three modules hold
+    shared = {"ops.kernels.matmul_softmax": "torch_kernels.cc", "ops.kernels.batchnorm": "torch_kernels.cc"}
+    for operator in registry.OPERATORS:
+        if operator.kernel is None:  # one of torch's operators whose gradient is torch's own
+            assert operator.torch_operator, operator.name
+            continue
+        expected = shared.get(operator.family, operator.family.rsplit(".", 1)[1] + ".cc")
+        assert operator.kernel == expected, operator

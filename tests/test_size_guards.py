@@ -2,7 +2,7 @@
 
 Every Hugging Face model's mask helpers branch on sizes (``if kv_length + kv_offset -
 mask.shape[-1] > 0``); those decisions used to send the whole model to PyTorch. Now each is kept with
-the graph as an expression over the inputs' sizes (``engine/export/size_guards.py``), and a call whose sizes
+the graph as an expression over the inputs' sizes (``engine/export/guards/size_guards.py``), and a call whose sizes
 answer one otherwise gets a new export (``ORTModuleReport.size_exports``), never the old graph.
 """
 

@@ -22,11 +22,11 @@ from lightning_ort.engine.bootstrap.custom_function import custom_function_suppo
 from lightning_ort.engine.bootstrap.flavour import check_device, check_installation
 from lightning_ort.engine.bootstrap.loader import ortmodule_package
 from lightning_ort.engine.export.export_guard import attention_fast_path_off
-from lightning_ort.engine.export.module_hooks import hooks_problem, refresh_hooked_weights, summary_hooks
-from lightning_ort.engine.export.python_reads import changed_read as changed_python_read
-from lightning_ort.engine.export.python_reads import forget_reads as forget_python_reads
-from lightning_ort.engine.export.size_guards import changed_decision as changed_size_decision
-from lightning_ort.engine.export.size_guards import forget_graph as forget_size_decisions
+from lightning_ort.engine.export.guards.module_hooks import hooks_problem, refresh_hooked_weights, summary_hooks
+from lightning_ort.engine.export.guards.python_reads import changed_read as changed_python_read
+from lightning_ort.engine.export.guards.python_reads import forget_reads as forget_python_reads
+from lightning_ort.engine.export.guards.size_guards import changed_decision as changed_size_decision
+from lightning_ort.engine.export.guards.size_guards import forget_graph as forget_size_decisions
 from lightning_ort.engine.ops.kernels.batchnorm import advance_batch_counters, batch_counters
 from lightning_ort.engine.ops.kernels.gradient_overloads import aten_operator
 from lightning_ort.engine.runtime import hooks as _hooks

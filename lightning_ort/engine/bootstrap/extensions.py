@@ -2,7 +2,7 @@
 
 ORTModule imports its extensions as ``onnxruntime.training.ortmodule.torch_cpp_extensions.<name>``.
 We compile ``aten_op_executor`` from the source ORT ships, lightning_ort's own operators that ORT
-graphs run through it (``csrc/aten_ops.cc``, with their memory arena) and, in place of ORT's
+graphs run through it (``csrc/torch_kernels.cc``, with their memory arena) and, in place of ORT's
 ``torch_interop_utils`` (which no longer compiles), lightning_ort's own runner for custom
 autograd.Functions (``csrc/custom_function_runner.cc``), against the installed torch; the shared
 objects live in ``$LIGHTNING_ORT_CACHE`` (default ``~/.cache/lightning_ort``), and the modules are
@@ -308,22 +308,22 @@ def aten_ops_sources() -> list[Path]:
     """lightning_ort's C++ sources of the ``lightning_ort::*`` operators ORT graphs run and of their
     memory arena (package data)."""
     names = (
-        "aten_ops.cc",
-        "channels_last_ops.cc",
+        "torch_kernels.cc",
+        "channels_last.cc",
         "memory_arena.cc",
-        "unbind_ops.cc",
-        "upsample_ops.cc",
-        "activation_ops.cc",
+        "unbind.cc",
+        "upsample.cc",
+        "activations.cc",
         "math_ops.cc",
-        "special_ops.cc",
-        "indexing_ops.cc",
-        "layer_ops.cc",
-        "pooling_ops.cc",
-        "reduction_ops.cc",
-        "rnn_ops.cc",
-        "einsum_ops.cc",
-        "distance_ops.cc",
-        "sampling_ops.cc",
+        "special_functions.cc",
+        "indexing.cc",
+        "layers.cc",
+        "pooling.cc",
+        "reductions.cc",
+        "rnn.cc",
+        "einsum.cc",
+        "distances.cc",
+        "sampling.cc",
     )
     return [_CSRC / name for name in names]
 

@@ -1,5 +1,5 @@
 // What lightning_ort's operator files share: gradients of up to three inputs, and the overloads
-// that say which of them a node needs (see the top of aten_ops.cc).
+// that say which of them a node needs (see the top of torch_kernels.cc).
 
 #pragma once
 

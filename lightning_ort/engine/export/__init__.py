@@ -4,8 +4,8 @@
 (``traced_calls``, ``traced_numbers``, ``python_reads``, ``size_guards``, ``grad_regions``, ``view_writes``, ...)
 and asks the export checks (``checks/``, one ordered list) whether to refuse a module whose graph would not
 train as in PyTorch; checks on the exported graph (``sequences``, ``recurrent_weights``,
-``batchnorm_order``); the checks the guard runs before every call (``module_hooks``, ``python_reads``,
-``size_guards``, ``value_guards``); the export cache (``export_cache``, ``trace_record``).
+``batchnorm_order``); what lightning_ort's guard re-checks before every call (``guards/``: Python reads,
+size and value guards, submodules' hooks); the export cache (``export_cache``, ``trace_record``).
 
 May import: ``lightning_ort.errors``, ``bootstrap``, ``ops``, ``passes`` and other ``export`` modules.
 """

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lightning_ort.engine.export import hf_attention, python_reads, size_guards, traced_numbers
+from lightning_ort.engine.export import hf_attention, traced_numbers
 from lightning_ort.engine.export.checks import (
     buffer_writes,
     checkpointed_norms,
@@ -24,6 +24,7 @@ from lightning_ort.engine.export.checks import (
     tracer_warnings,
 )
 from lightning_ort.engine.export.checks.export_check import ExportCheck, ExportContext, Recorder
+from lightning_ort.engine.export.guards import python_reads, size_guards
 from lightning_ort.engine.export.python_state import PythonState
 from lightning_ort.engine.export.torchscript_export import torchscript_exporter
 from lightning_ort.engine.export.user_code import adapter_of, user_frame, user_modules

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lightning_ort.engine.export.module_hooks import hooked_weight_names
+from lightning_ort.engine.export.guards.module_hooks import hooked_weight_names
 
 _PLAIN = (bool, int, float, str, type(None))
 _CONTAINERS = (list, tuple, dict)

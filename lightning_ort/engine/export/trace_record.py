@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lightning_ort.engine.export import python_reads, size_guards
+from lightning_ort.engine.export.guards import python_reads, size_guards
 from lightning_ort.engine.export.user_code import adapter_of, user_modules
 from lightning_ort.engine.ops.kernels import batchnorm
 

@@ -88,79 +88,82 @@ _INPUT_WEIGHT = ("input", "weight")
 _INPUT_WEIGHT_BIAS = ("input", "weight", "bias")
 
 OPERATORS: tuple[Operator, ...] = (
-    # aten_ops.cc: the heavy layers, run on torch's kernels by op_rewrites
-    Operator("convolution", "aten_ops.cc", _TORCH_KERNELS, _INPUT_WEIGHT),
-    Operator("convolution_bias", "aten_ops.cc", _TORCH_KERNELS, _INPUT_WEIGHT_BIAS),
-    Operator("linear", "aten_ops.cc", _TORCH_KERNELS, _INPUT_WEIGHT, shape="linear"),
-    Operator("linear_bias", "aten_ops.cc", _TORCH_KERNELS, _INPUT_WEIGHT_BIAS, shape="linear"),
-    Operator("relu", "aten_ops.cc", _TORCH_KERNELS, shape="same", elementwise=True),
-    Operator("gelu", "aten_ops.cc", _TORCH_KERNELS, shape="same", elementwise=True),
-    Operator("layer_norm", "aten_ops.cc", _TORCH_KERNELS, _INPUT_WEIGHT_BIAS, shape="same"),
-    Operator("attention", "aten_ops.cc", _TORCH_KERNELS, ("query", "key", "value", "mask"), shape="attention"),
-    Operator("batch_norm", "aten_ops.cc", "ops.kernels.batchnorm", _INPUT_WEIGHT_BIAS, shape="same"),
-    Operator("matmul", "aten_ops.cc", _MATMUL_SOFTMAX, ("self", "other"), shape="matmul"),
-    Operator("softmax", "aten_ops.cc", _MATMUL_SOFTMAX, shape="same"),
-    Operator("masked_fill", "aten_ops.cc", _MATMUL_SOFTMAX),
-    # channels_last_ops.cc: the channels-last forms channels_last.py puts in the graph
-    Operator("convolution_nhwc", "channels_last_ops.cc", _CHANNELS_LAST, _INPUT_WEIGHT),
-    Operator("convolution_bias_nhwc", "channels_last_ops.cc", _CHANNELS_LAST, _INPUT_WEIGHT_BIAS),
-    Operator("batch_norm_nhwc", "channels_last_ops.cc", _CHANNELS_LAST, _INPUT_WEIGHT_BIAS),
-    Operator("group_norm_nhwc", "channels_last_ops.cc", _CHANNELS_LAST, _INPUT_WEIGHT_BIAS),
-    Operator("max_pool2d_nhwc", "channels_last_ops.cc", _CHANNELS_LAST),
-    Operator("avg_pool2d_nhwc", "channels_last_ops.cc", _CHANNELS_LAST),
-    Operator("adaptive_avg_pool2d_nhwc", "channels_last_ops.cc", _CHANNELS_LAST),
-    Operator("upsample_nearest2d_nhwc", "channels_last_ops.cc", _CHANNELS_LAST),
-    Operator("upsample_bilinear2d_nhwc", "channels_last_ops.cc", _CHANNELS_LAST),
-    # activation_ops.cc
-    Operator("hardswish", "activation_ops.cc", "ops.kernels.activations", shape="same", elementwise=True),
-    Operator("hardsigmoid", "activation_ops.cc", "ops.kernels.activations", shape="same", elementwise=True),
-    Operator("mish", "activation_ops.cc", "ops.kernels.activations", shape="same", elementwise=True),
-    Operator("softplus", "activation_ops.cc", "ops.kernels.activations", shape="same", elementwise=True),
-    Operator("elu", "activation_ops.cc", "ops.kernels.activations", shape="same", elementwise=True),
-    Operator("selu", "activation_ops.cc", "ops.kernels.activations", shape="same", elementwise=True),
+    # torch_kernels.cc: the heavy layers, run on torch's kernels by op_rewrites
+    Operator("convolution", "torch_kernels.cc", _TORCH_KERNELS, _INPUT_WEIGHT),
+    Operator("convolution_bias", "torch_kernels.cc", _TORCH_KERNELS, _INPUT_WEIGHT_BIAS),
+    Operator("linear", "torch_kernels.cc", _TORCH_KERNELS, _INPUT_WEIGHT, shape="linear"),
+    Operator("linear_bias", "torch_kernels.cc", _TORCH_KERNELS, _INPUT_WEIGHT_BIAS, shape="linear"),
+    Operator("relu", "torch_kernels.cc", _TORCH_KERNELS, shape="same", elementwise=True),
+    Operator("gelu", "torch_kernels.cc", _TORCH_KERNELS, shape="same", elementwise=True),
+    Operator("layer_norm", "torch_kernels.cc", _TORCH_KERNELS, _INPUT_WEIGHT_BIAS, shape="same"),
+    Operator("attention", "torch_kernels.cc", _TORCH_KERNELS, ("query", "key", "value", "mask"), shape="attention"),
+    Operator("batch_norm", "torch_kernels.cc", "ops.kernels.batchnorm", _INPUT_WEIGHT_BIAS, shape="same"),
+    Operator("matmul", "torch_kernels.cc", _MATMUL_SOFTMAX, ("self", "other"), shape="matmul"),
+    Operator("softmax", "torch_kernels.cc", _MATMUL_SOFTMAX, shape="same"),
+    Operator("masked_fill", "torch_kernels.cc", _MATMUL_SOFTMAX),
+    # channels_last.cc: the channels-last forms channels_last.py puts in the graph
+    Operator("convolution_nhwc", "channels_last.cc", _CHANNELS_LAST, _INPUT_WEIGHT),
+    Operator("convolution_bias_nhwc", "channels_last.cc", _CHANNELS_LAST, _INPUT_WEIGHT_BIAS),
+    Operator("batch_norm_nhwc", "channels_last.cc", _CHANNELS_LAST, _INPUT_WEIGHT_BIAS),
+    Operator("group_norm_nhwc", "channels_last.cc", _CHANNELS_LAST, _INPUT_WEIGHT_BIAS),
+    Operator("max_pool2d_nhwc", "channels_last.cc", _CHANNELS_LAST),
+    Operator("avg_pool2d_nhwc", "channels_last.cc", _CHANNELS_LAST),
+    Operator("adaptive_avg_pool2d_nhwc", "channels_last.cc", _CHANNELS_LAST),
+    Operator("upsample_nearest2d_nhwc", "channels_last.cc", _CHANNELS_LAST),
+    Operator("upsample_bilinear2d_nhwc", "channels_last.cc", _CHANNELS_LAST),
+    # activations.cc
+    Operator("hardswish", "activations.cc", "ops.kernels.activations", shape="same", elementwise=True),
+    Operator("hardsigmoid", "activations.cc", "ops.kernels.activations", shape="same", elementwise=True),
+    Operator("mish", "activations.cc", "ops.kernels.activations", shape="same", elementwise=True),
+    Operator("softplus", "activations.cc", "ops.kernels.activations", shape="same", elementwise=True),
+    Operator("elu", "activations.cc", "ops.kernels.activations", shape="same", elementwise=True),
+    Operator("selu", "activations.cc", "ops.kernels.activations", shape="same", elementwise=True),
     # math_ops.cc
     Operator("pow", "math_ops.cc", _MATH, ("self", "exponent"), shape="broadcast"),
     Operator("cumprod", "math_ops.cc", "ops.kernels.math_ops", shape="same"),
     Operator("threshold", "math_ops.cc", "ops.kernels.math_ops", shape="same"),
     Operator("zeros_like", "math_ops.cc", _MATH),
-    # layer_ops.cc
-    Operator("group_norm", "layer_ops.cc", _LAYERS, shape="same"),
-    Operator("group_norm_affine", "layer_ops.cc", _LAYERS, _INPUT_WEIGHT_BIAS, shape="same"),
-    Operator("instance_norm", "layer_ops.cc", _LAYERS, shape="same"),
-    Operator("instance_norm_affine", "layer_ops.cc", _LAYERS, _INPUT_WEIGHT_BIAS, shape="same"),
-    Operator("batch_statistics_norm", "layer_ops.cc", _LAYERS, shape="same"),
-    Operator("batch_statistics_norm_affine", "layer_ops.cc", _LAYERS, _INPUT_WEIGHT_BIAS, shape="same"),
-    Operator("prelu", "layer_ops.cc", _LAYERS, ("self", "weight"), shape="same"),
-    Operator("embedding_bag", "layer_ops.cc", _LAYERS),
-    # rnn_ops.cc, einsum_ops.cc, distance_ops.cc, sampling_ops.cc
-    Operator("rnn_layer", "rnn_ops.cc", "ops.kernels.rnn", ("input", "hx", "weights"), shape="rnn_layer"),
-    Operator("einsum", "einsum_ops.cc", "ops.kernels.einsum", shape="einsum"),
-    Operator("einsum2", "einsum_ops.cc", "ops.kernels.einsum", ("self", "other"), shape="einsum"),
-    Operator("cdist", "distance_ops.cc", "ops.kernels.distances", ("x1", "x2")),
-    Operator("pairwise_distance", "distance_ops.cc", "ops.kernels.distances", ("x1", "x2")),
-    Operator("cosine_similarity", "distance_ops.cc", "ops.kernels.distances", ("x1", "x2")),
-    Operator("grid_sample", "sampling_ops.cc", _SAMPLING, ("input", "grid"), shape="grid_sample"),
-    # indexing_ops.cc, reduction_ops.cc (the positions of a reduction's dimensions and keepdim inputs)
-    Operator("diff", "indexing_ops.cc", "ops.kernels.indexing"),
-    Operator("take_along_dim", "indexing_ops.cc", "ops.kernels.indexing"),
-    Operator("nansum", "reduction_ops.cc", _REDUCTIONS, shape=Reduction(1, 2)),
-    Operator("nanmean", "reduction_ops.cc", _REDUCTIONS, shape=Reduction(1, 2)),
-    Operator("prod", "reduction_ops.cc", _REDUCTIONS, shape=Reduction(1, 2)),
-    Operator("std", "reduction_ops.cc", _REDUCTIONS, shape=Reduction(1, 3)),
-    Operator("vector_norm", "reduction_ops.cc", _REDUCTIONS, shape=Reduction(2, 3)),
-    # special_ops.cc: functions of one tensor (its X-macro UNARY_FUNCTIONS, and two with an integer parameter)
-    *(Operator(name, "special_ops.cc", _SPECIAL, shape="same") for name in _SPECIAL_UNARY),
-    Operator("mvlgamma", "special_ops.cc", _SPECIAL, shape="same"),
-    Operator("polygamma", "special_ops.cc", _SPECIAL, shape="same"),
+    # layers.cc
+    Operator("group_norm", "layers.cc", _LAYERS, shape="same"),
+    Operator("group_norm_affine", "layers.cc", _LAYERS, _INPUT_WEIGHT_BIAS, shape="same"),
+    Operator("instance_norm", "layers.cc", _LAYERS, shape="same"),
+    Operator("instance_norm_affine", "layers.cc", _LAYERS, _INPUT_WEIGHT_BIAS, shape="same"),
+    Operator("batch_statistics_norm", "layers.cc", _LAYERS, shape="same"),
+    Operator("batch_statistics_norm_affine", "layers.cc", _LAYERS, _INPUT_WEIGHT_BIAS, shape="same"),
+    Operator("prelu", "layers.cc", _LAYERS, ("self", "weight"), shape="same"),
+    Operator("embedding_bag", "layers.cc", _LAYERS),
+    # rnn.cc, einsum.cc, distances.cc, sampling.cc
+    Operator("rnn_layer", "rnn.cc", "ops.kernels.rnn", ("input", "hx", "weights"), shape="rnn_layer"),
+    Operator("einsum", "einsum.cc", "ops.kernels.einsum", shape="einsum"),
+    Operator("einsum2", "einsum.cc", "ops.kernels.einsum", ("self", "other"), shape="einsum"),
+    Operator("cdist", "distances.cc", "ops.kernels.distances", ("x1", "x2")),
+    Operator("pairwise_distance", "distances.cc", "ops.kernels.distances", ("x1", "x2")),
+    Operator("cosine_similarity", "distances.cc", "ops.kernels.distances", ("x1", "x2")),
+    Operator("grid_sample", "sampling.cc", _SAMPLING, ("input", "grid"), shape="grid_sample"),
+    # indexing.cc, reductions.cc (the positions of a reduction's dimensions and keepdim inputs)
+    Operator("diff", "indexing.cc", "ops.kernels.indexing"),
+    Operator("take_along_dim", "indexing.cc", "ops.kernels.indexing"),
+    Operator("nansum", "reductions.cc", _REDUCTIONS, shape=Reduction(1, 2)),
+    Operator("nanmean", "reductions.cc", _REDUCTIONS, shape=Reduction(1, 2)),
+    Operator("prod", "reductions.cc", _REDUCTIONS, shape=Reduction(1, 2)),
+    Operator("std", "reductions.cc", _REDUCTIONS, shape=Reduction(1, 3)),
+    Operator("vector_norm", "reductions.cc", _REDUCTIONS, shape=Reduction(2, 3)),
+    # special_functions.cc: functions of one tensor (its X-macro UNARY_FUNCTIONS, and two with an integer parameter)
+    *(Operator(name, "special_functions.cc", _SPECIAL, shape="same") for name in _SPECIAL_UNARY),
+    Operator("mvlgamma", "special_functions.cc", _SPECIAL, shape="same"),
+    Operator("polygamma", "special_functions.cc", _SPECIAL, shape="same"),
     # ... and of two tensors that broadcast (BINARY_FUNCTIONS), with one overload per set of gradients
-    *(Operator(name, "special_ops.cc", _SPECIAL, ("self", "other"), shape="broadcast") for name in _SPECIAL_BINARY),
-    # upsample_ops.cc, unbind_ops.cc
-    Operator("upsample_nearest", "upsample_ops.cc", "ops.kernels.upsample"),
-    Operator("upsample_nearest_exact", "upsample_ops.cc", "ops.kernels.upsample"),
-    Operator("upsample_linear", "upsample_ops.cc", "ops.kernels.upsample"),
-    Operator("upsample_bicubic", "upsample_ops.cc", "ops.kernels.upsample"),
-    Operator("unbind2", "unbind_ops.cc", "passes.unbind"),
-    Operator("unbind3", "unbind_ops.cc", "passes.unbind"),
+    *(
+        Operator(name, "special_functions.cc", _SPECIAL, ("self", "other"), shape="broadcast")
+        for name in _SPECIAL_BINARY
+    ),
+    # upsample.cc, unbind.cc
+    Operator("upsample_nearest", "upsample.cc", "ops.kernels.upsample"),
+    Operator("upsample_nearest_exact", "upsample.cc", "ops.kernels.upsample"),
+    Operator("upsample_linear", "upsample.cc", "ops.kernels.upsample"),
+    Operator("upsample_bicubic", "upsample.cc", "ops.kernels.upsample"),
+    Operator("unbind2", "unbind.cc", "passes.unbind"),
+    Operator("unbind3", "unbind.cc", "passes.unbind"),
     # torch's own operators that families export as ATen nodes, with the facts read about them
     _torch("atan", "math_ops.cc", _MATH, "same"),
     _torch("expm1", "math_ops.cc", _MATH, "same"),
@@ -168,8 +171,8 @@ OPERATORS: tuple[Operator, ...] = (
     _torch("logcumsumexp", "math_ops.cc", _MATH, "same"),
     _torch("flip", None, "ops.kernels.indexing", "same"),  # gradients: ONNX nodes
     _torch("roll", None, "ops.kernels.indexing", "same"),
-    _torch("amax", "reduction_ops.cc", _REDUCTIONS, Reduction(1, 2)),
-    _torch("amin", "reduction_ops.cc", _REDUCTIONS, Reduction(1, 2)),
+    _torch("amax", "reductions.cc", _REDUCTIONS, Reduction(1, 2)),
+    _torch("amin", "reductions.cc", _REDUCTIONS, Reduction(1, 2)),
     _torch("col2im", None, _SAMPLING, "col2im"),  # gradient: torch's im2col
     _torch("affine_grid_generator", None, _SAMPLING, "affine_grid"),  # torch's affine_grid_generator_backward
     # a fresh symbol for a kept dimension of 1 (RevIN's x.mean(1, keepdim=True).detach()) was merged with the
@@ -205,7 +208,7 @@ def stop_gradient_operators() -> frozenset[str]:
 
 
 def kernel_files() -> tuple[str, ...]:
-    """The C++ files that define the table's operators, in table order (``pooling_ops.cc`` defines only
+    """The C++ files that define the table's operators, in table order (``pooling.cc`` defines only
     gradients of torch's own operators, and ``memory_arena.cc`` the arena's controls: neither is here)."""
     kernels = (operator.kernel for operator in OPERATORS if operator.kernel is not None and not operator.torch_operator)
     return tuple(dict.fromkeys(kernels))

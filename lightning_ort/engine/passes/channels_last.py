@@ -7,7 +7,7 @@ tensors have no strides: a graph holds whatever shape it is given, contiguously.
 
 - the 2-D convolutions, BatchNorms, GroupNorms, poolings and nearest and bilinear upsamplings that run
   torch's kernels take and return (N, H, W, C) tensors (the ``*_nhwc`` operators of
-  ``csrc/channels_last_ops.cc``, which see them as channels-last (N, C, H, W) views);
+  ``csrc/channels_last.cc``, which see them as channels-last (N, C, H, W) views);
 - element-wise nodes between them (activations, residual additions, dropout) work on those tensors
   as they are, since the same permutation of both operands keeps broadcasting's meaning, and
   concatenations (of channels, as in U-Nets) take the permuted axis;

@@ -13,7 +13,7 @@ A packed projection is split into its parts in one of two exported forms:
 ORT's ``Split``, ``Concat`` and ``Transpose`` run on one thread; together they cost 1.4 ms per GPT
 layer per step on 2 cores, and torch's parallel copies of the same data about a tenth of that (hot
 cache). :func:`fuse_unbinds` rewrites both forms, after the export, into one ATen node,
-``lightning_ort::unbind2`` or ``unbind3`` (``csrc/unbind_ops.cc``): ``x.permute(perm).unbind(dim)``,
+``lightning_ort::unbind2`` or ``unbind3`` (``csrc/unbind.cc``): ``x.permute(perm).unbind(dim)``,
 each part made contiguous, with a gradient that writes the parts' gradients straight into ``x``'s
 layout (zeros for a part without one, such as a detached key). Values are copies, as in eager.
 """

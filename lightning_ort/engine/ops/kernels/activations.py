@@ -3,7 +3,7 @@
 torch exports ``F.hardswish``, ``F.hardsigmoid``, ``F.softplus`` (and so ``F.mish``), ``F.elu``,
 ``F.selu`` and ``F.celu`` as ONNX ops that ORT 1.19.2 has no gradient for, so models with them
 (MobileNetV3's blocks, for one) could not train in ORT and fell back to PyTorch. They are exported
-as ATen nodes running lightning_ort's operators (``csrc/activation_ops.cc``): torch's kernels,
+as ATen nodes running lightning_ort's operators (``csrc/activations.cc``): torch's kernels,
 forward and backward, whatever ``op_rewrites`` says.
 """
 

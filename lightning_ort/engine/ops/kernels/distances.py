@@ -6,7 +6,7 @@ odd or fractional ``p`` from the first step, a constant for ``p=inf``. ``cdist``
 (the matrix product form) has a NaN gradient at an exact zero distance, where eager's is 0, and
 ``F.cosine_similarity`` (``sqrt`` of the product of squared norms, clamped) a NaN gradient where a
 vector is all zeros (masked padding), where eager's is finite. All trained silently wrong. They
-are exported as ATen nodes running torch's operators, with eager autograd's gradients (``csrc/distance_ops.cc``).
+are exported as ATen nodes running torch's operators, with eager autograd's gradients (``csrc/distances.cc``).
 """
 
 from __future__ import annotations

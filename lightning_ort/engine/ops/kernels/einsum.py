@@ -4,7 +4,7 @@ ORT's own export turns two-operand einsums with an explicit output and no ellips
 every other equation (``"...ij,...jk"``, ``"bij->bji"``, an implicit output, ``"ii->i"``) and
 ``torch.outer`` became an ONNX ``Einsum`` node, for which ORT 1.19.2 has no gradient, and the model
 fell back to PyTorch. Those with one or two operands now run ``torch.einsum`` in an ATen node
-(``csrc/einsum_ops.cc``), with eager autograd's gradients; three or more operands keep the
+(``csrc/einsum.cc``), with eager autograd's gradients; three or more operands keep the
 ``Einsum`` node (and fall back).
 """
 

@@ -3,7 +3,7 @@
 ORT leaves a gradient that no one needs (a first layer's images, frozen weights) out of the
 gradient graph, and a kernel that still returns it fails ("invalid index -1"). ORT keys gradient
 definitions by the forward node's overload name, so lightning_ort's operators with parameters and
-its attention (``csrc/aten_ops.cc``) have one overload per set of gradients needed, named after them
+its attention (``csrc/torch_kernels.cc``) have one overload per set of gradients needed, named after them
 (``input_bias``, ``weight``, ``query_key_value``, ...; the plain name needs all), and
 :func:`choose_overloads` picks the overload of every node each time ORT (re)builds the gradient
 graph (the set of parameters that require gradients can change between builds).

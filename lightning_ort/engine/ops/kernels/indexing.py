@@ -32,7 +32,7 @@
   ``hidden_states[~attention_mask] = 0``): torch's export broadcasts the mask from the right
   (``masked_fill``) and the module fell back; it is ``Where`` with the mask given trailing dimensions.
 - ``torch.diff`` and ``torch.take_along_dim``: torch 2.13 cannot export them, and models using them
-  fell back to PyTorch. They run torch's kernels (``csrc/indexing_ops.cc``, eager autograd as their
+  fell back to PyTorch. They run torch's kernels (``csrc/indexing.cc``, eager autograd as their
   gradients); ``diff``'s ``prepend`` and ``append`` are concatenated in the graph.
 """
 

@@ -13,7 +13,7 @@
   gradient of its ``native_group_norm`` failed ("Const_0 is not a valid intermediate output").
 
 Models with them fell back to PyTorch. They are exported as ATen nodes running torch's operators,
-and their gradients are eager autograd's (``csrc/layer_ops.cc``; adaptive max pooling uses torch's
+and their gradients are eager autograd's (``csrc/layers.cc``; adaptive max pooling uses torch's
 own backward operator), whatever ``op_rewrites`` says. InstanceNorm with running statistics and
 EmbeddingBag with sparse gradients or per-sample weights keep torch's export (and fall back).
 """

@@ -2,7 +2,7 @@
 
 Models that spell attention out (``q @ k.transpose(-2, -1)``, ``masked_fill`` with a causal mask,
 ``softmax``, ``@ v``, as the GPT example does) are exported with ``matmul``, ``masked_fill`` and
-``softmax`` as ATen nodes that run lightning_ort's operators (``csrc/aten_ops.cc``): the kernels
+``softmax`` as ATen nodes that run lightning_ort's operators (``csrc/torch_kernels.cc``): the kernels
 eager autograd runs. ORT's ``FusedMatMul``, ``Where`` and ``Softmax``/``SoftmaxGrad`` took 1.5-13x
 eager's time for them, most on many cores, where ORT's ``Where`` runs on one thread
 (``benchmarks/NOTES.md``). A ``transpose`` of the last two dimensions feeding a matmul becomes a

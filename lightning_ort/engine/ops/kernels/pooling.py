@@ -8,7 +8,7 @@ shape is unknown and the kernels write past an empty buffer (a segmentation faul
 by zero. ORT itself exports the 2-D forms as ATen nodes on torch's operators
 (``_custom_op_symbolic_registry.py``); here the 1-D and 3-D forms, and the 2-D ``max_pool2d`` with
 ``return_indices=True`` that ORT leaves to torch, are too, forward and backward on torch's
-operators with eager autograd's gradients (``csrc/pooling_ops.cc`` where torch has no public
+operators with eager autograd's gradients (``csrc/pooling.cc`` where torch has no public
 backward operator), whatever ``op_rewrites`` says.
 """
 

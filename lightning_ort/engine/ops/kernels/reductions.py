@@ -5,7 +5,7 @@ torch exports vector norms (``torch.norm``, ``Tensor.norm``, ``torch.linalg.vect
 ``ReduceL2``/``ReduceProd``/``ReduceMax``/``ReduceMin``; ORT 1.19.2 has no gradient for most of them
 and builds an invalid gradient graph for ``ReduceL2`` without ``keepdim`` or over all elements, so
 models using them fell back to PyTorch. They are exported as ATen nodes running torch's operators,
-with eager autograd's own gradients (``csrc/reduction_ops.cc``): a norm's gradient is 0 where the
+with eager autograd's own gradients (``csrc/reductions.cc``): a norm's gradient is 0 where the
 norm is, a product's is exact with zero factors, and amax/amin split it evenly among tied maxima,
 whatever ``op_rewrites`` says. A norm with an explicit ``dtype`` keeps torch's export. torch 2.13
 cannot export ``nansum`` and ``nanmean`` (a loss over targets with missing values); they run the same

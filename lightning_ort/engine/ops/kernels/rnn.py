@@ -3,7 +3,7 @@
 torch exports ``nn.RNN`` as ONNX ``RNN`` nodes, which ORT 1.19.2 runs but cannot differentiate
 (no gradient builder for ``RNN``), so models with one fell back to PyTorch. Each layer and
 direction is exported instead as an ATen node running ``torch.rnn_tanh``/``rnn_relu`` over one
-layer (``csrc/rnn_ops.cc``), the backward direction over the input reversed in time. Its gradients
+layer (``csrc/rnn.cc``), the backward direction over the input reversed in time. Its gradients
 are eager autograd's. A node's weights and biases are packed into one input (``Concat``, whose
 gradient ORT has), so that its overloads need only say whether the input, the initial state and the
 weights need gradients (gradient_overloads.py). The final states are the outputs' last steps (the

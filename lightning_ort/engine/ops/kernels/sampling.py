@@ -6,7 +6,7 @@ torch 2.13 cannot export ``F.affine_grid`` (``aten::affine_grid_generator``, ONN
 sampling and overlapping-patch models fell back to PyTorch. They are exported as ATen nodes running
 torch's operators with eager's gradients: ``affine_grid_generator_backward``, ``im2col`` (the
 adjoint of ``col2im``) and, for the two inputs of ``grid_sample``, eager autograd itself
-(``csrc/sampling_ops.cc``).
+(``csrc/sampling.cc``).
 """
 
 from __future__ import annotations

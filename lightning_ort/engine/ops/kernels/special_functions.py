@@ -8,7 +8,7 @@ float64, as eager does); ORT 1.19.2 has no gradient for the ONNX forms of ``fmod
 ``remainder``. Models using them fell back to PyTorch: among them every ``torch.distributions``
 log-probability built on ``lgamma`` or ``xlogy`` (Beta, Gamma, Dirichlet, Poisson, StudentT). They
 are exported as ATen nodes running torch's kernels, with eager autograd itself as their gradients
-(``csrc/special_ops.cc``), so results equal eager's; a Python number among the operands
+(``csrc/special_functions.cc``), so results equal eager's; a Python number among the operands
 (``torch.xlogy(2.0, t)``, ``x % 3``) becomes a constant of the result's type.
 """
 
@@ -22,7 +22,7 @@ from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_help
 from lightning_ort.engine.ops.kernels.gradient_overloads import register_gradient, register_simple_gradient
 from lightning_ort.engine.ops.kernels.torch_kernels import ATEN, constant
 
-# torch's operator -> lightning_ort's (csrc/special_ops.cc)
+# torch's operator -> lightning_ort's (csrc/special_functions.cc)
 UNARY = {
     "lgamma": "lgamma",
     "special_gammaln": "lgamma",

@@ -2,7 +2,7 @@
 
 Convolutions, linear layers, GELU, ReLU, LayerNorm and attention without dropout
 (``scaled_dot_product_attention``, also inside ``nn.MultiheadAttention``) are exported as ATen nodes that run
-lightning_ort's operators (``csrc/aten_ops.cc``): torch's oneDNN/MKL kernels, the very calls eager
+lightning_ort's operators (``csrc/torch_kernels.cc``): torch's oneDNN/MKL kernels, the very calls eager
 autograd makes, forward and backward. ORT's CPU kernels for them were 1.3-4x slower than torch's on
 this project's workloads (``benchmarks/NOTES.md``), and a mix is worse than either: after a torch
 kernel, torch's OpenMP threads keep spinning on the cores ORT's next kernel needs. So the heavy

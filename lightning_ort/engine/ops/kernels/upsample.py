@@ -13,7 +13,7 @@ Linear, bilinear and trilinear upsampling (and nearest-exact) are exported as ON
 whose gradient has no CPU kernel in ORT, so models with them could not train in ORT at all.
 
 Here every mode runs torch's own kernels, forward and backward, through lightning_ort's operators
-(``csrc/upsample_ops.cc``), with gradients that take the forward's scale factors as eager autograd
+(``csrc/upsample.cc``), with gradients that take the forward's scale factors as eager autograd
 does. During ORT's export, ``F.interpolate`` with a scale factor (``nn.Upsample`` included) calls
 those operators itself, with the scale factors as a float64 tensor, so the graph holds them exactly;
 torch's upsampling functions called directly still get the exporter's float32 constants.

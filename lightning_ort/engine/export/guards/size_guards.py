@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
-from lightning_ort.engine.export import size_programs, value_guards
-from lightning_ort.engine.export.size_programs import Node, SizeDecision, evaluate
-from lightning_ort.engine.export.traced_sizes import SizeFollower, Unknown
+from lightning_ort.engine.export.guards import size_programs, value_guards
+from lightning_ort.engine.export.guards.size_programs import Node, SizeDecision, evaluate
+from lightning_ort.engine.export.guards.traced_sizes import SizeFollower, Unknown
 from lightning_ort.engine.export.tracing_state import untraced, warned_at_caller
 from lightning_ort.engine.export.value_traces import value_trace
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from lightning_ort.engine.export.module_hooks import hooked_weight_names
+from lightning_ort.engine.export.guards.module_hooks import hooked_weight_names
 from lightning_ort.engine.export.python_state import tensor_version
 
 _NUMBERS = (bool, int, float)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lightning_ort.engine.export.size_programs import BINARY, UNARY, Node
+from lightning_ort.engine.export.guards.size_programs import BINARY, UNARY, Node
 
 _MAX_DEPTH = 200
 # Operators that hand their number through unchanged (the trace's wrappers around sizes)

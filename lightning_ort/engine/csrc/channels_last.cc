@@ -164,7 +164,7 @@ Grads group_norm_nhwc_backward(const at::Tensor& grad, const at::Tensor& input, 
   return {nhwc(grad_input), grad_weight, grad_bias};
 }
 
-// nearest-neighbour and bilinear upsampling (nn.Upsample, F.interpolate), with upsample_ops.cc's
+// nearest-neighbour and bilinear upsampling (nn.Upsample, F.interpolate), with upsample.cc's
 // float64 scale factors; gradients with the forward's scales, sizes read from the tensors
 at::Tensor upsample_nearest2d_nhwc(const at::Tensor& input, at::OptionalIntArrayRef output_size,
                                    const c10::optional<at::Tensor>& scale_factors) {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_ort.engine.export.traced_sizes import SizeFollower
+from lightning_ort.engine.export.guards.traced_sizes import SizeFollower
 
 # Deterministic operators without state whose result depends on their operands only
 _OPERATORS = frozenset(
