@@ -47,8 +47,6 @@ class Sample:
     channels_last: bool = True  # ORTRuntimeOptions(channels_last=...): off where a 4-D sample would turn NHWC
     graph: Literal["forward", "gradient"] = "forward"  # the graph that holds the operator's node
     reached_by: str = ""  # how the operator gets into the graph, when not by torch's call of its name
-    # whether the float inputs require gradients too (the overload needing all of them)
-    input_gradients: bool = True
     tolerances: dict[str, float] = field(default_factory=dict)  # for torch.testing.assert_close
 
 
