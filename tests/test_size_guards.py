@@ -129,7 +129,9 @@ def test_a_branch_on_sizes_the_data_decides_falls_back_quoting_the_line() -> Non
 
 class _FollowedSizes(_Branching):
     """Branches on sizes the guards follow through an in-place write (``_shift_right`` of T5 and BART), a
-    convolution (Swin's patch embedding) and a concatenation with an empty vector (a cache's first update)."""
+    convolution (Swin's patch embedding), a concatenation with an empty vector (a cache's first update) and
+    ``F.pad`` (Swin's windows: torchvision pads a feature map to a multiple of the window, then shifts the windows
+    only where more than one window covers it)."""
 
     def __init__(self, through: str) -> None:
         super().__init__()
@@ -145,6 +147,10 @@ class _FollowedSizes(_Branching):
             longer = shifted.shape[1] > 8
         elif self.through == "convolution":
             longer = self.conv(h.transpose(1, 2)).shape[-1] > 4  # ceil(length / 2)
+        elif self.through == "padding":
+            padded = torch.nn.functional.pad(h, (0, 0, 0, (4 - h.shape[1] % 4) % 4))  # 6 -> 8, 12 -> 12
+            _, length, _ = padded.shape
+            longer = length > 8
         else:
             cached = torch.cat([torch.tensor([]), h], dim=-2)
             longer = cached.shape[-2] > 8
@@ -153,7 +159,7 @@ class _FollowedSizes(_Branching):
         return self.head(h)
 
 
-@pytest.mark.parametrize("through", ["in-place", "convolution", "concatenation"])
+@pytest.mark.parametrize("through", ["in-place", "convolution", "concatenation", "padding"])
 def test_a_branch_on_sizes_followed_through_more_operators_is_a_guard(through: str) -> None:
     eager, ort = fit_both(
         lambda: _FollowedSizes(through),

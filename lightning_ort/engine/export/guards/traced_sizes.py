@@ -212,6 +212,8 @@ class SizeFollower:
             return self.node("slice", whole, *bounds)
         if kind in ("aten::reshape", "aten::view", "aten::expand", *_FACTORIES):
             return self._listed(kind, inputs, dim, rank, depth)
+        if kind in ("aten::pad", "aten::constant_pad_nd"):  # F.pad: (before, after) pairs from the last dimension
+            return self._padded(inputs, dim, rank, depth)
         if kind == "aten::arange":
             # arange(end, ...), arange(start, end, ...), arange(start, end, step, ...)
             numbers = [
@@ -347,13 +349,7 @@ class SizeFollower:
         """A dimension of ``reshape``/``view``/``expand`` or of a factory, from the sizes it is given."""
         sizes_value = inputs[0] if kind.partition("::")[2] in ("ones", "zeros", "empty", "full", "rand",
                                                                  "randn") else inputs[1]  # fmt: skip
-        if sizes_value.node().kind() == "prim::ListConstruct":
-            sizes = [self.number(element, depth) for element in sizes_value.node().inputs()]
-        else:
-            constant = _constant(sizes_value)
-            if not isinstance(constant, (list, tuple)):
-                raise Unknown
-            sizes = [self._const(element) for element in constant]
+        sizes = self._numbers(sizes_value, depth)
         if len(sizes) != rank:
             raise Unknown
         size = sizes[dim]
@@ -367,6 +363,24 @@ class SizeFollower:
             others = self.node("prod", *(element for index, element in enumerate(sizes) if index != dim))
             return self.node("infer", size, whole, others)
         return size
+
+    def _padded(self, inputs: list[torch._C.Value], dim: int, rank: int, depth: int) -> int:
+        """A dimension of ``F.pad``'s output: the input's, plus the two pads that name it (negative ones crop)."""
+        pads = self._numbers(inputs[1], depth)
+        whole = self.size(inputs[0], dim, depth)
+        pair = rank - 1 - dim
+        if len(pads) % 2 or len(pads) > 2 * rank:
+            raise Unknown("aten::pad")
+        return whole if 2 * pair >= len(pads) else self.node("sum", whole, pads[2 * pair], pads[2 * pair + 1])
+
+    def _numbers(self, value: torch._C.Value, depth: int) -> list[int]:
+        """The nodes of an ``int[]`` argument: a list the trace builds from numbers, or a constant one."""
+        if value.node().kind() == "prim::ListConstruct":
+            return [self.number(element, depth) for element in value.node().inputs()]
+        constant = _constant(value)
+        if not isinstance(constant, (list, tuple)):
+            raise Unknown
+        return [self._const(element) for element in constant]
 
     def _known(self, value: torch._C.Value, dim: int) -> int:
         sizes = value.type().sizes()
