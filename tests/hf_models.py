@@ -242,6 +242,95 @@ def swin() -> nn.Module:
     )
 
 
+def deberta_v2_mlm() -> nn.Module:
+    """Disentangled attention with relative positions (log buckets), p2c and c2p."""
+    return _model(
+        "DebertaV2ForMaskedLM",
+        "DebertaV2Config",
+        **_bert(relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"], max_relative_positions=SEQ),
+    )
+
+
+def bloom() -> nn.Module:
+    """ALiBi position biases."""
+    return _model(
+        "BloomForCausalLM", "BloomConfig", vocab_size=VOCAB, hidden_size=WIDTH, n_layer=LAYERS, n_head=4,
+        hidden_dropout=0.0, attention_dropout=0.0,
+    )  # fmt: skip
+
+
+def falcon() -> nn.Module:
+    return _model(
+        "FalconForCausalLM", "FalconConfig", vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS,
+        num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0,
+    )  # fmt: skip
+
+
+def qwen3() -> nn.Module:
+    """Query and key RMSNorm."""
+    return _model("Qwen3ForCausalLM", "Qwen3Config", **_decoder(head_dim=8))
+
+
+def gemma2() -> nn.Module:
+    """Logit softcapping, alternating sliding-window and global attention."""
+    return _model(
+        "Gemma2ForCausalLM", "Gemma2Config", **_decoder(head_dim=8, sliding_window=8, query_pre_attn_scalar=8)
+    )
+
+
+def mixtral() -> nn.Module:
+    """Mixture of experts: top-2 routing over 4 experts."""
+    return _model("MixtralForCausalLM", "MixtralConfig", **_decoder(num_local_experts=4, num_experts_per_tok=2))
+
+
+def mobilebert() -> nn.Module:
+    """Bottleneck layers, NoNorm."""
+    return _model(
+        "MobileBertForSequenceClassification",
+        "MobileBertConfig",
+        **{**_bert(), "embedding_size": 16, "intra_bottleneck_size": 16, "true_hidden_size": 16},
+    )
+
+
+def whisper() -> nn.Module:
+    """Audio encoder-decoder: convolutions over log-mel features (16 bins, 32 frames)."""
+    return _model(
+        "WhisperForConditionalGeneration", "WhisperConfig", vocab_size=VOCAB, num_mel_bins=16, d_model=WIDTH,
+        encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+        encoder_ffn_dim=2 * WIDTH, decoder_ffn_dim=2 * WIDTH, max_source_positions=16, max_target_positions=2 * SEQ,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=0, suppress_tokens=None, begin_suppress_tokens=None,
+    )  # fmt: skip
+
+
+def _vit_like(class_name: str, config_name: str, **extra: Any) -> nn.Module:
+    return _model(
+        class_name, config_name, image_size=IMAGE, patch_size=8, hidden_size=WIDTH, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, intermediate_size=2 * WIDTH, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, num_labels=CLASSES, **extra,
+    )  # fmt: skip
+
+
+def beit() -> nn.Module:
+    """Relative position bias in every layer, mean pooling."""
+    return _vit_like(
+        "BeitForImageClassification", "BeitConfig", use_relative_position_bias=True, use_mean_pooling=True,
+        drop_path_rate=0.0,
+    )  # fmt: skip
+
+
+def dinov2() -> nn.Module:
+    """Layer scale, interpolated position embeddings."""
+    return _vit_like("Dinov2ForImageClassification", "Dinov2Config", mlp_ratio=2, drop_path_rate=0.0)
+
+
+def convnext() -> nn.Module:
+    return _model(
+        "ConvNextForImageClassification", "ConvNextConfig", num_stages=2, num_channels=3, patch_size=4,
+        hidden_sizes=[16, 32], depths=[1, 1], drop_path_rate=0.0, num_labels=CLASSES,
+    )  # fmt: skip
+
+
 def roberta_classifier() -> nn.Module:
     return _model("RobertaForSequenceClassification", "RobertaConfig", **_bert(pad_token_id=1))
 
@@ -253,7 +342,8 @@ class HFCase:
 
     build: Callable[[], nn.Module]
     blocks: tuple[str, ...]
-    task: str  # "lm" (causal LM), "cls" (sequence classification), "s2s" (encoder-decoder), "img", "mlm"
+    task: str  # "lm" (causal LM), "cls" (sequence classification), "s2s" (encoder-decoder), "img", "mlm",
+    # "audio-s2s" (log-mel features to text: the zoo's batches only)
 
 
 CASES: dict[str, HFCase] = {
@@ -276,6 +366,17 @@ CASES: dict[str, HFCase] = {
     "bart": HFCase(bart, ("model.encoder.layers", "model.decoder.layers"), "s2s"),
     "vit": HFCase(vit, ("vit.layers",), "img"),
     "swin": HFCase(swin, (), "img"),
+    "deberta-v2-mlm": HFCase(deberta_v2_mlm, (), "mlm"),
+    "bloom": HFCase(bloom, (), "lm"),
+    "falcon": HFCase(falcon, (), "lm"),
+    "qwen3": HFCase(qwen3, (), "lm"),
+    "gemma2": HFCase(gemma2, (), "lm"),
+    "mixtral": HFCase(mixtral, (), "lm"),
+    "mobilebert": HFCase(mobilebert, (), "cls"),
+    "whisper": HFCase(whisper, (), "audio-s2s"),
+    "beit": HFCase(beit, (), "img"),
+    "dinov2": HFCase(dinov2, (), "img"),
+    "convnext": HFCase(convnext, (), "img"),
 }
 
 

@@ -95,6 +95,8 @@ def _fixed_size(value: torch._C.Value, dim: int, depth: int) -> bool:
             constants = _constant_ints(inputs[1])
             return constants is not None and constants[dim] >= 0
         size = _constant_int(sizes[dim])
+        if size == -1:
+            return _fixed_inferred_size(inputs[0], sizes, dim, depth)
         return size >= 0 if size is not None else fixed_number(sizes[dim], depth + 1)
     if kind == "aten::embedding":  # (weight, indices, ...): the last dimension is the weight's width
         return dim == rank - 1 or fixed_size(inputs[1], dim, depth + 1)
@@ -119,6 +121,14 @@ def _fixed_size(value: torch._C.Value, dim: int, depth: int) -> bool:
     if kind == "aten::stack":
         position = _constant_int(inputs[1])
         return position is not None and dim == position % rank and inputs[0].node().kind() == "prim::ListConstruct"
+    if kind == "aten::repeat":  # (x, repeats): dimension d is x's (aligned to the right) times repeats[d]
+        node_sizes = inputs[1].node()
+        times = list(node_sizes.inputs())[dim] if node_sizes.kind() == "prim::ListConstruct" else None
+        source_rank = inputs[0].type().dim() if isinstance(inputs[0].type(), torch._C.TensorType) else None
+        if times is None or source_rank is None or not fixed_number(times, depth + 1):
+            return False
+        source_dim = dim - (rank - source_rank)
+        return source_dim < 0 or fixed_size(inputs[0], source_dim, depth + 1)
     if kind == "aten::linear":
         return dim == rank - 1 or fixed_size(inputs[0], dim, depth + 1)
     return False
@@ -161,6 +171,39 @@ def is_fixed_size_node(node: torch._C.Node, depth: int = 0) -> bool:
     source, index = list(node.inputs())
     dim = _constant_int(index)
     return dim is not None and fixed_size(source, dim, depth + 1)
+
+
+def _read_size(value: torch._C.Value) -> tuple[torch._C.Value, int] | None:
+    """``(x, d)`` when the traced number ``value`` is ``x.size(d)`` (through the trace's number wrappers)."""
+    node = value.node()
+    while node.kind() in ("aten::Int", "aten::ScalarImplicit", "prim::NumToTensor"):
+        node = next(iter(node.inputs())).node()
+    if node.kind() != "aten::size" or len(list(node.inputs())) != 2:
+        return None
+    source, index = node.inputs()
+    dim = _constant_int(index)
+    rank = source.type().dim() if isinstance(source.type(), torch._C.TensorType) else None
+    return None if dim is None or rank is None else (source, dim % rank)
+
+
+def _fixed_inferred_size(source: torch._C.Value, sizes: list[torch._C.Value], dim: int, depth: int) -> bool:
+    """Whether the ``-1`` at ``dim`` of ``source.view(sizes)`` is a fixed size: it is ``source``'s element count
+    over the other sizes, which is fixed when each of ``source``'s dimensions is fixed or given again among the
+    other sizes as ``source.size(d)`` (``x.view(x.size(0), x.size(1), heads, -1)``), and every other size left
+    is fixed."""
+    rank = source.type().dim() if isinstance(source.type(), torch._C.TensorType) else None
+    if rank is None:
+        return False
+    repeated: set[int] = set()
+    for position, size in enumerate(sizes):
+        if position == dim:
+            continue
+        read = _read_size(size)
+        if read is not None and read[0].unique() == source.unique() and read[1] not in repeated:
+            repeated.add(read[1])
+        elif not fixed_number(size, depth + 1):
+            return False
+    return all(d in repeated or fixed_size(source, d, depth + 1) for d in range(rank))
 
 
 def _fixed_broadcast(value: torch._C.Value, tensors: list[torch._C.Value], dim: int, depth: int) -> bool:

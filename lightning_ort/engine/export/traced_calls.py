@@ -238,9 +238,11 @@ def _read_as_numbers(func: Any, result: Any, values: list[tuple[torch._C.Value, 
 
 
 def _data_kind(data: Any, depth: int = 0) -> str | None:
-    """``"numbers"`` for Python numbers, also in nested lists and tuples; ``"tensors"`` for lists or tuples
-    holding a tensor; ``None`` for anything else (a tensor alone, a NumPy array)."""
-    if isinstance(data, _PYTHON_NUMBERS):
+    """``"numbers"`` for Python numbers, also in nested lists and tuples, and for 0-d tensors the trace computes
+    from constants and fixed sizes only (``torch.tensor(q.size(-1))`` with ``q``'s last dimension the head size
+    a view sets): the same on every call; ``"tensors"`` for lists or tuples holding another tensor; ``None`` for
+    anything else (another tensor alone, a NumPy array)."""
+    if isinstance(data, _PYTHON_NUMBERS) or _fixed_scalar(data):
         return "numbers"
     if depth and isinstance(data, torch.Tensor):
         return "tensors"
@@ -250,6 +252,14 @@ def _data_kind(data: Any, depth: int = 0) -> str | None:
     if "tensors" in kinds:
         return "tensors"
     return "numbers" if kinds <= {"numbers"} else None
+
+
+def _fixed_scalar(data: Any) -> bool:
+    """Whether ``data`` is a 0-d tensor the open trace computes from constants and fixed sizes only."""
+    if not isinstance(data, torch.Tensor) or data.dim() != 0:
+        return False
+    value = value_trace(data)
+    return value is not None and fixed_number(value)
 
 
 def _copied_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

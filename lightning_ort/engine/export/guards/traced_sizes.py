@@ -30,7 +30,8 @@ _SAME_SHAPE = frozenset(
         "cumsum", "cumprod", "triu", "tril", "float", "long", "int", "bool", "half", "bfloat16", "masked_fill",
         "clamp", "clamp_min", "clamp_max", "fill", "ones_like", "zeros_like", "full_like", "empty_like", "rand_like",
         "randn_like", "alias", "lift_fresh", "pow", "reciprocal", "square", "sign", "hardtanh", "elu", "leaky_relu",
-        "mish", "softplus", "hardswish", "hardsigmoid", "native_dropout",
+        "mish", "softplus", "hardswish", "hardsigmoid", "native_dropout", "ceil", "floor", "round", "trunc", "frac",
+        "log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh",
     )
 )  # fmt: skip
 # Element-wise operators whose output broadcasts their tensor inputs
@@ -190,7 +191,7 @@ class SizeFollower:
         if kind == "aten::linear":
             return self._known(value, dim) if dim == rank - 1 else self.size(inputs[0], dim, depth)
         if kind == "aten::permute":
-            order = _constant(inputs[1])
+            order = _listed_constant(inputs[1])  # x.permute(0, 2, 1, 3) traces a list of constants
             return self.size(inputs[0], order[dim], depth)
         if kind == "aten::transpose":
             first, second = (_constant(inputs[1]) % rank, _constant(inputs[2]) % rank)
@@ -200,6 +201,12 @@ class SizeFollower:
         if kind == "aten::unsqueeze":
             position = _constant(inputs[1]) % rank
             return self._const(1) if dim == position else self.size(inputs[0], dim - (dim > position), depth)
+        if kind == "aten::squeeze" and len(inputs) == 2:  # squeeze(x, d): d is gone when it was of size 1
+            source_rank = inputs[0].type().dim()
+            if source_rank == rank:
+                return self.size(inputs[0], dim, depth)
+            position = _constant(inputs[1]) % source_rank
+            return self.size(inputs[0], dim + (dim >= position), depth)
         if kind == "aten::select":
             position = _constant(inputs[1]) % (rank + 1)
             return self.size(inputs[0], dim + (dim >= position), depth)
@@ -236,6 +243,15 @@ class SizeFollower:
             return self._convolution(kind, value, inputs, dim, depth)
         if kind in _REDUCTIONS and len(inputs) >= 3:
             return self._reduced(inputs, dim, rank, depth)
+        if kind == "aten::repeat":  # (x, repeats): x's dimension (aligned to the right) times repeats[dim]
+            listed = inputs[1].node()
+            times = (
+                self.number(list(listed.inputs())[dim], depth)
+                if listed.kind() == "prim::ListConstruct"
+                else self._const(_constant(inputs[1])[dim])
+            )
+            aligned = dim - (rank - inputs[0].type().dim())
+            return times if aligned < 0 else self.node("mul", self.size(inputs[0], aligned, depth), times)
         if kind == "aten::gather":  # the index's shape
             return self.size(inputs[2], dim, depth)
         if kind == "aten::index_select":
