@@ -124,3 +124,37 @@ def test_a_submodule_recomputed_in_backward_runs_in_pytorch() -> None:
     assert body.torch_call_reasons.get(_IN_BACKWARD) == 6, body.torch_call_reasons
     assert_losses_match(eager, ort)
     assert_states_match(eager, ort)
+
+
+_COLLECTED: list[torch.Tensor] = []
+
+
+class LazilyHooked(Base):
+    """Adds a forward hook to ``layer`` on its first call and marks that with an attribute, as transformers'
+    output capturing does; the hook's output is part of the result. The refused export put the attribute back
+    but not the hook, so PyTorch's rerun added a second one: the output then counted ``layer``'s twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer, self.head = nn.Linear(16, 32), nn.Linear(32, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not getattr(self, "_hooked", False):
+            self.layer.register_forward_hook(lambda module, args, output: _COLLECTED.append(output))
+            self._hooked = True
+        _COLLECTED.clear()
+        hidden = torch.tanh(self.layer(x))
+        return self.head(hidden + sum(_COLLECTED))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def test_hooks_a_refused_forward_added_are_removed_with_its_attributes() -> None:
+    eager, ort = fit_both(LazilyHooked, mlp_loader, 4)
+    reports = {report.name: report for report in ort.reports}
+    assert "_hooked" in (reports["forward"].fallback_reason or ""), reports["forward"]
+    assert len(ort.model.layer._forward_hooks) == 1
+    assert reports["head"].ort_calls == 4
+    assert_losses_match(eager, ort)
+    assert_states_match(eager, ort)

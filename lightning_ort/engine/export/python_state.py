@@ -79,6 +79,24 @@ def _moved(value: list[Any] | dict[Any, Any], contents: Any) -> bool:
     return any(new is not old for new, old in zip(value, contents, strict=True))
 
 
+# nn.Module's dicts of forward hooks, and the dicts that hold more about some of them (by the same handle id)
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
+_HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+
+
+def _hook_ids(module: torch.nn.Module) -> frozenset[int]:
+    return frozenset(hook_id for name in _HOOK_DICTS for hook_id in getattr(module, name, {}))
+
+
+def _remove_hooks_but(module: torch.nn.Module, kept: frozenset[int]) -> None:
+    """Remove ``module``'s forward hooks other than ``kept`` (by handle id)."""
+    for name in (*_HOOK_DICTS, *_HOOK_EXTRAS):
+        hooks = getattr(module, name, None)
+        if hooks:
+            for hook_id in [hook_id for hook_id in hooks if hook_id not in kept]:
+                del hooks[hook_id]
+
+
 class PythonState:
     """The Python attributes of ``modules`` (id -> module and the name the user knows it by) as they were
     when it was made: plain values, plain tensors, and list, tuple and dict attributes with their contents."""
@@ -93,6 +111,9 @@ class PythonState:
             for key, tensor in self._tensors_before.items()
             if tensor.numel() <= _MAX_COPIED
         }
+        # the forward hooks each module has: a forward may add some once, marking that with an attribute
+        # (transformers' output-capturing hooks), and restoring the attribute alone would have them added twice
+        self._hooks = {key: _hook_ids(module) for key, (module, _) in modules.items()}
 
     def where(self, key: Key) -> str:
         """``key`` as the user reads it (``self.mems[0]``, ``encoder.cache``)."""
@@ -141,7 +162,8 @@ class PythonState:
         return list(dict.fromkeys(found))
 
     def restore(self) -> None:
-        """Put every attribute back as it was, with the contents of its lists and dicts; remove new ones."""
+        """Put every attribute back as it was, with the contents of its lists and dicts; remove new attributes and
+        new forward hooks."""
         for (key, name), _ in list(self._attributes()):
             if (key, name) not in self._before:
                 del vars(self._modules[key][0])[name]
@@ -154,6 +176,8 @@ class PythonState:
             elif isinstance(value, dict):
                 value.clear()
                 value.update(contents)
+        for key, (module, _) in self._modules.items():
+            _remove_hooks_but(module, self._hooks[key])
         for tensor, version, value in self._values.values():
             if tensor_version(tensor) != version:
                 # an inference tensor can be written only in inference mode
