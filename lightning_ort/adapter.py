@@ -67,17 +67,19 @@ class ForwardAdapter(torch.nn.Module):
 
         For plain modules the owner's class is also a base, so ``forward`` finds methods such as
         ``Sequential.__iter__``. A LightningModule is not: ORT inspects every attribute of the module
-        it wraps, and many LightningModule properties fail outside a running Trainer. Its adapter
-        reports the owner's class as ``__class__`` instead (``type()`` still gives the adapter's), so
-        that zero-argument ``super()`` in the owner's ``forward`` finds the parent's methods.
+        it wraps, and many LightningModule properties fail outside a running Trainer. Every adapter
+        reports the owner's class as ``__class__`` (``type()`` still gives the adapter's), so that
+        zero-argument ``super()`` in the owner's ``forward`` finds the parent's methods and code keyed on
+        ``self.__class__`` finds the owner's entry.
         """
         owner_cls = type(owner)
-        namespace: dict[str, Any] = {"forward": _with_dataclasses_as_mappings(owner_cls.forward)}
-        if isinstance(owner, pl.LightningModule):
-            bases: tuple[type, ...] = (cls,)
-            namespace["__class__"] = property(lambda self: owner_cls)
-        else:
-            bases = (cls, owner_cls)
+        # reads of ``self.__class__`` in forward see the owner's class: transformers keys what a model records
+        # (hidden states, attentions) on ``str(model.__class__)``, and would record nothing for the adapter's
+        namespace: dict[str, Any] = {
+            "forward": _with_dataclasses_as_mappings(owner_cls.forward),
+            "__class__": property(lambda self: owner_cls),
+        }
+        bases: tuple[type, ...] = (cls,) if isinstance(owner, pl.LightningModule) else (cls, owner_cls)
         adapter_cls = type(f"{owner_cls.__name__}ORTAdapter", bases, namespace)
         return adapter_cls(owner)
 

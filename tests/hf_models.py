@@ -331,6 +331,16 @@ def convnext() -> nn.Module:
     )  # fmt: skip
 
 
+def segformer() -> nn.Module:
+    """Semantic segmentation: the decode head reads every stage's hidden state (transformers' output capturing)."""
+    return _model(
+        "SegformerForSemanticSegmentation", "SegformerConfig", num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+        hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0, drop_path_rate=0.0,
+        decoder_hidden_size=32, num_labels=CLASSES, semantic_loss_ignore_index=255,
+    )  # fmt: skip
+
+
 def roberta_classifier() -> nn.Module:
     return _model("RobertaForSequenceClassification", "RobertaConfig", **_bert(pad_token_id=1))
 
@@ -343,7 +353,7 @@ class HFCase:
     build: Callable[[], nn.Module]
     blocks: tuple[str, ...]
     task: str  # "lm" (causal LM), "cls" (sequence classification), "s2s" (encoder-decoder), "img", "mlm",
-    # "audio-s2s" (log-mel features to text: the zoo's batches only)
+    # "audio-s2s" (log-mel features to text), "seg" (a class per pixel): the zoo's batches only
 
 
 CASES: dict[str, HFCase] = {
@@ -377,6 +387,7 @@ CASES: dict[str, HFCase] = {
     "beit": HFCase(beit, (), "img"),
     "dinov2": HFCase(dinov2, (), "img"),
     "convnext": HFCase(convnext, (), "img"),
+    "segformer": HFCase(segformer, (), "seg"),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 from helpers import RunResult, assert_losses_match, assert_ort_ran, fit_both
-from hf_models import CASES, VOCAB, HFModule, hf_loader
+from hf_models import CASES, VOCAB, HFModule, _bert, hf_loader
 
 import lightning_ort
 
@@ -139,3 +139,33 @@ def test_cache_object_round_trip() -> None:
     assert output["cache"] is cache
     assert torch.equal(cache.layers[1].keys, keys) and cache.get_seq_length(1) == 3 and cache.get_seq_length(0) == 0
     assert isinstance(to_mappings(cache), cache_io.CacheFields)
+
+
+class HiddenStatesModule(L.LightningModule):
+    """A classifier on a BERT's second-to-last hidden state (``output_hidden_states=True``), the BERT named in
+    ``ORTStrategy(modules=[...])``. transformers records hidden states for the class it finds at
+    ``model.__class__``; the module ORT exported in front of the BERT reported its own class, so the BERT's graph
+    recorded no hidden states and the step failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bert = transformers.BertModel(transformers.BertConfig(**_bert()))
+        self.head = torch.nn.Linear(self.bert.config.hidden_size, VOCAB)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        ids, labels = batch
+        hidden = self.bert(ids, output_hidden_states=True).hidden_states[-2]
+        return torch.nn.functional.cross_entropy(self.head(hidden).flatten(0, 1), labels.flatten())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_named_transformers_model_returns_the_hidden_states_asked_for() -> None:
+    strategy = lightning_ort.ORTStrategy(mode="ort", modules=["bert"])
+    eager, ort = fit_both(HiddenStatesModule, lambda: hf_loader("lm"), max_steps=3, strategy=strategy)
+    reports = {report.name: report for report in ort.reports}
+    # transformers installs its output-capturing hooks on the first such call: the BERT breaks into its modules
+    assert "_output_capturing_hooks_installed" in (reports["bert"].fallback_reason or "")
+    assert reports["bert"].submodules and sum(report.ort_calls for report in ort.reports) >= 3
+    assert_losses_match(eager, ort)
