@@ -209,20 +209,17 @@ def bart() -> nn.Module:
     )
 
 
-def vit() -> nn.Module:
+def _vit_like(class_name: str, config_name: str, **extra: Any) -> nn.Module:
+    """A ViT-shaped image classifier at the tables' sizes (patches of 8), with ``extra`` config fields."""
     return _model(
-        "ViTForImageClassification",
-        "ViTConfig",
-        image_size=IMAGE,
-        patch_size=8,
-        hidden_size=WIDTH,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=2 * WIDTH,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        num_labels=CLASSES,
-    )
+        class_name, config_name, image_size=IMAGE, patch_size=8, hidden_size=WIDTH, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, intermediate_size=2 * WIDTH, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, num_labels=CLASSES, **extra,
+    )  # fmt: skip
+
+
+def vit() -> nn.Module:
+    return _vit_like("ViTForImageClassification", "ViTConfig")
 
 
 def swin() -> nn.Module:
@@ -300,14 +297,6 @@ def whisper() -> nn.Module:
         encoder_ffn_dim=2 * WIDTH, decoder_ffn_dim=2 * WIDTH, max_source_positions=16, max_target_positions=2 * SEQ,
         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
         decoder_start_token_id=0, suppress_tokens=None, begin_suppress_tokens=None,
-    )  # fmt: skip
-
-
-def _vit_like(class_name: str, config_name: str, **extra: Any) -> nn.Module:
-    return _model(
-        class_name, config_name, image_size=IMAGE, patch_size=8, hidden_size=WIDTH, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, intermediate_size=2 * WIDTH, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0, num_labels=CLASSES, **extra,
     )  # fmt: skip
 
 

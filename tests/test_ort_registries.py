@@ -28,17 +28,23 @@ SNAPSHOT = Path(__file__).with_name("ort_registries.json")
 HOOKED_PACKAGES = ("onnxruntime", "torch")
 
 
+def _function(member: Any) -> Any:
+    """The function inside a static, class or bound method; anything else as it is."""
+    if isinstance(member, (staticmethod, classmethod, types.MethodType)):
+        return member.__func__
+    return member
+
+
 def _name(function: Any) -> str:
     """A function by the name of its code (``installer.<locals>.hook``), which a move to another file keeps."""
-    function = getattr(function, "__func__", function)
+    function = _function(function)
     if isinstance(function, types.FunctionType):
         return function.__code__.co_qualname
     return getattr(function, "__qualname__", type(function).__qualname__)
 
 
 def _is_ours(function: Any) -> bool:
-    if isinstance(function, (staticmethod, classmethod, types.MethodType)):
-        function = function.__func__
+    function = _function(function)
     ours = f"{os.sep}lightning_ort{os.sep}"
     return isinstance(function, types.FunctionType) and ours in function.__code__.co_filename
 
@@ -48,9 +54,7 @@ def _chain(function: Any) -> list[str]:
     names = []
     while function is not None and _is_ours(function):
         names.append(_name(function))
-        if isinstance(function, (staticmethod, classmethod, types.MethodType)):
-            function = function.__func__
-        function = getattr(function, "__wrapped__", None)
+        function = getattr(_function(function), "__wrapped__", None)
     return names
 
 
@@ -65,10 +69,10 @@ def _hooks() -> dict[str, list[str]]:
         for name, value in sorted(vars(module).items()):
             if inspect.isclass(value) and value.__module__ == module_name:
                 for attribute, member in sorted(vars(value).items()):
-                    if _chain(member):
-                        hooks[f"{module_name}.{name}.{attribute}"] = _chain(member)
-            elif _chain(value) and value.__module__ == module_name:
-                hooks[f"{module_name}.{name}"] = _chain(value)
+                    if chain := _chain(member):
+                        hooks[f"{module_name}.{name}.{attribute}"] = chain
+            elif (chain := _chain(value)) and value.__module__ == module_name:
+                hooks[f"{module_name}.{name}"] = chain
     return hooks
 
 
